@@ -1,0 +1,52 @@
+/* Numeric kernels: type conversion, (de)quantisation, matmul, and the small per-vector ops of a
+ * Llama forward pass. Every optimised kernel has a scalar reference (*_ref) that tests compare
+ * against. */
+#ifndef KVS_KERNELS_H
+#define KVS_KERNELS_H
+
+#include <stdint.h>
+
+#include "dtype.h"
+#include "threadpool.h"
+
+/* IEEE half and bfloat16 conversions; fp32 -> half/bf16 round to nearest even, NaN preserved. */
+float kvs_fp16_to_fp32(uint16_t h);
+uint16_t kvs_fp32_to_fp16(float f);
+float kvs_bf16_to_fp32(uint16_t h);
+uint16_t kvs_fp32_to_bf16(float f);
+
+/* Row conversion between fp32 and any dtype. n must be a multiple of the block size.
+ * Quantisation follows the standard GGML reference layouts bit for bit:
+ *   Q8_0: d = amax / 127, q = round(x / d)
+ *   Q4_0: d = max / -8 (max = the element of largest magnitude, with its sign),
+ *         q = min(15, (int8)(x / d + 8.5)) */
+void kvs_dequantize_row(kvs_dtype t, const void *src, float *dst, int64_t n);
+void kvs_quantize_row(kvs_dtype t, const float *src, void *dst, int64_t n);
+
+/* y[r][o] = sum_i x[r][i] * W[o][i] for r < n_rows, o < n_out.
+ * W is n_out rows of n_in elements of type wt (row stride = bytes of n_in elements).
+ * x is n_rows x n_in fp32 (row stride n_in), y is n_rows x n_out fp32 (row stride n_out).
+ * Runs on every thread of pool. Q8_0/Q4_0 weights may quantise x to Q8_0 internally (as GGML
+ * does), so results differ from the fp32 reference by that rounding. */
+void kvs_matmul(kvs_pool *pool, float *y, const float *x, const void *w, kvs_dtype wt,
+                int n_rows, int n_in, int n_out);
+/* Scalar reference: dequantises each weight row and accumulates in double. */
+void kvs_matmul_ref(float *y, const float *x, const void *w, kvs_dtype wt, int n_rows, int n_in,
+                    int n_out);
+
+/* o = x / sqrt(mean(x^2) + eps) * w. o may alias x. */
+void kvs_rmsnorm(float *o, const float *x, const float *w, int n, float eps);
+/* In-place softmax of x[0..n). */
+void kvs_softmax(float *x, int n);
+/* a[i] = silu(a[i]) * b[i]. */
+void kvs_swiglu(float *a, const float *b, int n);
+/* Rotary embedding of n_heads consecutive heads of head_dim in vec at position pos, rotating
+ * the first rot_dim dims of each head. Adjacent mode (neox = 0) rotates pairs (2i, 2i+1) with
+ * theta = pos * base^(-2i/rot_dim); NeoX mode rotates (i, i + rot_dim/2) with the same theta. */
+void kvs_rope(float *vec, int n_heads, int head_dim, int rot_dim, int pos, float base, int neox);
+/* Dot product of two fp32 vectors. */
+float kvs_dot_f32(const float *a, const float *b, int n);
+/* y += a * x. */
+void kvs_axpy_f32(float *y, float a, const float *x, int n);
+
+#endif

@@ -1,0 +1,116 @@
+/* GGUF v3 reader (mmap, strict bounds checks) and writer. */
+#ifndef KVS_GGUF_H
+#define KVS_GGUF_H
+
+#include <stdint.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+typedef enum kvs_gguf_type {
+    KVS_GGUF_UINT8 = 0,
+    KVS_GGUF_INT8 = 1,
+    KVS_GGUF_UINT16 = 2,
+    KVS_GGUF_INT16 = 3,
+    KVS_GGUF_UINT32 = 4,
+    KVS_GGUF_INT32 = 5,
+    KVS_GGUF_FLOAT32 = 6,
+    KVS_GGUF_BOOL = 7,
+    KVS_GGUF_STRING = 8,
+    KVS_GGUF_ARRAY = 9,
+    KVS_GGUF_UINT64 = 10,
+    KVS_GGUF_INT64 = 11,
+    KVS_GGUF_FLOAT64 = 12,
+} kvs_gguf_type;
+
+#define KVS_GGUF_MAX_DIMS 4
+#define KVS_GGUF_DEFAULT_ALIGNMENT 32
+
+/* A string inside the mapped file: not NUL-terminated. */
+typedef struct kvs_gguf_str {
+    uint64_t len;
+    const char *data;
+} kvs_gguf_str;
+
+typedef struct kvs_gguf_tensor {
+    const char *name;              /* NUL-terminated copy owned by the kvs_gguf */
+    uint32_t n_dims;
+    uint64_t dims[KVS_GGUF_MAX_DIMS]; /* dims[0] is the contiguous (row) dimension; unused = 1 */
+    kvs_dtype type;
+    uint64_t offset;               /* relative to the start of the data section */
+    uint64_t n_elems;
+    uint64_t n_bytes;
+    const void *data;              /* points into the mapping, aligned as the file says */
+} kvs_gguf_tensor;
+
+typedef struct kvs_gguf kvs_gguf;
+
+/* Maps and validates the whole file: every count, length, offset and size is checked against
+ * the file size with overflow-safe arithmetic; tensor types must be ones kvs_dtype_valid accepts;
+ * tensor data must lie inside the file and not overlap. Errors name the path and the key or
+ * tensor at fault. */
+kvs_status kvs_gguf_open(const char *path, kvs_gguf **out, kvs_error *err);
+void kvs_gguf_close(kvs_gguf *g);
+
+uint32_t kvs_gguf_version(const kvs_gguf *g);
+uint32_t kvs_gguf_alignment(const kvs_gguf *g);
+uint64_t kvs_gguf_n_keys(const kvs_gguf *g);
+/* Key name of the i-th metadata entry (NUL-terminated, owned by g). */
+const char *kvs_gguf_key_at(const kvs_gguf *g, uint64_t i);
+/* Index of key, or -1 if absent. */
+int64_t kvs_gguf_find_key(const kvs_gguf *g, const char *key);
+kvs_gguf_type kvs_gguf_key_type(const kvs_gguf *g, uint64_t i);
+
+/* Typed getters. Each fails with KVS_ERR_FORMAT and a message naming the key if the key is
+ * missing or its value does not convert exactly (integers: any integer type whose value fits;
+ * floats: FLOAT32 or FLOAT64). The *_opt variants return KVS_OK and leave *out untouched when the
+ * key is absent (but still fail on a wrong type). */
+kvs_status kvs_gguf_get_u32(const kvs_gguf *g, const char *key, uint32_t *out, kvs_error *err);
+kvs_status kvs_gguf_get_u32_opt(const kvs_gguf *g, const char *key, uint32_t *out, kvs_error *err);
+kvs_status kvs_gguf_get_f32(const kvs_gguf *g, const char *key, float *out, kvs_error *err);
+kvs_status kvs_gguf_get_f32_opt(const kvs_gguf *g, const char *key, float *out, kvs_error *err);
+kvs_status kvs_gguf_get_bool_opt(const kvs_gguf *g, const char *key, int *out, kvs_error *err);
+kvs_status kvs_gguf_get_str(const kvs_gguf *g, const char *key, kvs_gguf_str *out, kvs_error *err);
+
+/* Arrays: element type and count. */
+kvs_status kvs_gguf_get_arr(const kvs_gguf *g, const char *key, kvs_gguf_type *elem_type,
+                            uint64_t *n, kvs_error *err);
+/* i-th string of a string array (bounds-checked; returns KVS_ERR_ARG if out of range or not a
+ * string array). */
+kvs_status kvs_gguf_arr_str(const kvs_gguf *g, const char *key, uint64_t i, kvs_gguf_str *out,
+                            kvs_error *err);
+/* Raw little-endian element data of a numeric array (may be unaligned: read with memcpy). */
+const void *kvs_gguf_arr_data(const kvs_gguf *g, const char *key);
+
+uint64_t kvs_gguf_n_tensors(const kvs_gguf *g);
+const kvs_gguf_tensor *kvs_gguf_tensor_at(const kvs_gguf *g, uint64_t i);
+const kvs_gguf_tensor *kvs_gguf_find_tensor(const kvs_gguf *g, const char *name);
+
+/* ---- writer ---- */
+typedef struct kvs_gguf_writer kvs_gguf_writer;
+
+kvs_gguf_writer *kvs_gguf_writer_new(void);
+void kvs_gguf_writer_free(kvs_gguf_writer *w);
+/* Setters copy key and value. Setting a key twice replaces the value. Return KVS_ERR_NOMEM on
+ * allocation failure. "general.alignment" (u32, power of two) changes the data alignment. */
+kvs_status kvs_gguf_set_u32(kvs_gguf_writer *w, const char *key, uint32_t v);
+kvs_status kvs_gguf_set_i32(kvs_gguf_writer *w, const char *key, int32_t v);
+kvs_status kvs_gguf_set_u64(kvs_gguf_writer *w, const char *key, uint64_t v);
+kvs_status kvs_gguf_set_f32(kvs_gguf_writer *w, const char *key, float v);
+kvs_status kvs_gguf_set_bool(kvs_gguf_writer *w, const char *key, int v);
+kvs_status kvs_gguf_set_str(kvs_gguf_writer *w, const char *key, const char *v);
+kvs_status kvs_gguf_set_arr_str(kvs_gguf_writer *w, const char *key, const char *const *v,
+                                uint64_t n);
+kvs_status kvs_gguf_set_arr_f32(kvs_gguf_writer *w, const char *key, const float *v, uint64_t n);
+kvs_status kvs_gguf_set_arr_i32(kvs_gguf_writer *w, const char *key, const int32_t *v, uint64_t n);
+/* Adds a tensor; data is referenced, not copied, and must stay valid until kvs_gguf_write.
+ * dims[0] is the row length. Fails with KVS_ERR_ARG if dims[0] is not a whole number of blocks
+ * of type, or the name is a duplicate. */
+kvs_status kvs_gguf_add_tensor(kvs_gguf_writer *w, const char *name, kvs_dtype type,
+                               uint32_t n_dims, const uint64_t *dims, const void *data,
+                               kvs_error *err);
+/* Writes the file via a temporary file in the same directory and rename(), so a failed write
+ * never leaves a partial file under path. */
+kvs_status kvs_gguf_write(const kvs_gguf_writer *w, const char *path, kvs_error *err);
+
+#endif

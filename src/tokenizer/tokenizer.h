@@ -1,0 +1,54 @@
+/* SentencePiece-style BPE tokenizer with byte fallback (the llama vocabulary model). */
+#ifndef KVS_TOKENIZER_H
+#define KVS_TOKENIZER_H
+
+#include <stdint.h>
+
+#include "core/error.h"
+#include "model/gguf.h"
+
+/* GGUF token types (tokenizer.ggml.token_type). */
+enum {
+    KVS_TOKEN_NORMAL = 1,
+    KVS_TOKEN_UNKNOWN = 2,
+    KVS_TOKEN_CONTROL = 3,
+    KVS_TOKEN_USER_DEFINED = 4,
+    KVS_TOKEN_UNUSED = 5,
+    KVS_TOKEN_BYTE = 6,
+};
+
+typedef struct kvs_tokenizer kvs_tokenizer;
+
+/* Loads a llama2.c tokenizer file (int32 max_token_length, then per token: float32 score,
+ * int32 byte length, bytes). Pieces are normalised to the GGUF convention used by llama.cpp's
+ * llama2.c converter: ' ' becomes U+2581, id 0 is UNKNOWN, ids 1 and 2 (BOS, EOS) CONTROL,
+ * <0xNN> BYTE, the rest NORMAL. Errors name the path and the token index. */
+kvs_status kvs_tokenizer_load_llama2c(const char *path, kvs_tokenizer **out, kvs_error *err);
+/* Builds the tokenizer from tokenizer.ggml.* keys (model must be "llama"). */
+kvs_status kvs_tokenizer_from_gguf(const kvs_gguf *g, kvs_tokenizer **out, kvs_error *err);
+void kvs_tokenizer_free(kvs_tokenizer *t);
+
+int kvs_tokenizer_n_vocab(const kvs_tokenizer *t);
+int kvs_tokenizer_bos(const kvs_tokenizer *t);
+int kvs_tokenizer_eos(const kvs_tokenizer *t);
+/* Piece text as stored (GGUF convention, NUL-terminated), its score and token type. */
+const char *kvs_tokenizer_piece(const kvs_tokenizer *t, int id);
+float kvs_tokenizer_score(const kvs_tokenizer *t, int id);
+int kvs_tokenizer_type(const kvs_tokenizer *t, int id);
+
+/* Encodes UTF-8 text: optional BOS, a leading space is added to non-empty text (SentencePiece's
+ * dummy prefix), spaces become U+2581, every code point maps to its piece or to byte-fallback
+ * tokens, then the pair whose merged piece has the highest score is merged repeatedly (ties:
+ * leftmost). *ids is malloc'd and owned by the caller. */
+kvs_status kvs_tokenizer_encode(const kvs_tokenizer *t, const char *text, int add_bos,
+                                int32_t **ids, int *n_ids, kvs_error *err);
+/* Text of token id as it should be printed after token prev: U+2581 becomes ' ', a leading space
+ * is dropped right after BOS, <0xNN> byte tokens yield the raw byte, control tokens yield "".
+ * Returns a pointer to a NUL-terminated string valid until the tokenizer is freed (the returned
+ * length is in *len, since a byte token may be a NUL byte). */
+const char *kvs_tokenizer_decode(const kvs_tokenizer *t, int prev, int id, int *len);
+
+/* Writes tokenizer.ggml.model = "llama", tokens, scores, token_type, bos/eos/unknown ids. */
+kvs_status kvs_tokenizer_to_gguf(const kvs_tokenizer *t, kvs_gguf_writer *w);
+
+#endif
