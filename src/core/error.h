@@ -4,11 +4,6 @@
 
 #include "kvslim.h"
 
-typedef struct kvs_error {
-    kvs_status code;
-    char msg[512];
-} kvs_error;
-
 #if defined(__GNUC__)
 #define KVS_PRINTF(a, b) __attribute__((format(printf, a, b)))
 #else

@@ -25,6 +25,15 @@ typedef enum kvs_gguf_type {
 
 #define KVS_GGUF_MAX_DIMS 4
 #define KVS_GGUF_DEFAULT_ALIGNMENT 32
+#define KVS_GGUF_MAX_NESTING 8 /* deepest array-of-array nesting accepted */
+
+#define KVS_GGUF_MAX_NAME 65535 /* longest key or tensor name accepted, in bytes */
+
+/* "u8", "string", "array", ...; "unknown" for an invalid id. */
+const char *kvs_gguf_type_name(uint32_t t);
+/* Key and tensor names must be 1..KVS_GGUF_MAX_NAME bytes of valid UTF-8 without NUL bytes.
+ * Returns NULL if s[0..len) is a valid name, else a short reason ("is empty", ...). */
+const char *kvs_gguf_name_problem(const char *s, uint64_t len);
 
 /* A string inside the mapped file: not NUL-terminated. */
 typedef struct kvs_gguf_str {
@@ -55,10 +64,11 @@ void kvs_gguf_close(kvs_gguf *g);
 uint32_t kvs_gguf_version(const kvs_gguf *g);
 uint32_t kvs_gguf_alignment(const kvs_gguf *g);
 uint64_t kvs_gguf_n_keys(const kvs_gguf *g);
-/* Key name of the i-th metadata entry (NUL-terminated, owned by g). */
+/* Key name of the i-th metadata entry (NUL-terminated, owned by g); NULL if i is out of range. */
 const char *kvs_gguf_key_at(const kvs_gguf *g, uint64_t i);
 /* Index of key, or -1 if absent. */
 int64_t kvs_gguf_find_key(const kvs_gguf *g, const char *key);
+/* Value type of the i-th entry; (kvs_gguf_type)-1 if i is out of range. */
 kvs_gguf_type kvs_gguf_key_type(const kvs_gguf *g, uint64_t i);
 
 /* Typed getters. Each fails with KVS_ERR_FORMAT and a message naming the key if the key is
@@ -71,20 +81,29 @@ kvs_status kvs_gguf_get_f32(const kvs_gguf *g, const char *key, float *out, kvs_
 kvs_status kvs_gguf_get_f32_opt(const kvs_gguf *g, const char *key, float *out, kvs_error *err);
 kvs_status kvs_gguf_get_bool_opt(const kvs_gguf *g, const char *key, int *out, kvs_error *err);
 kvs_status kvs_gguf_get_str(const kvs_gguf *g, const char *key, kvs_gguf_str *out, kvs_error *err);
+/* Wider getters with the same rules (integers of any type whose value fits; FLOAT32/FLOAT64). */
+kvs_status kvs_gguf_get_u64(const kvs_gguf *g, const char *key, uint64_t *out, kvs_error *err);
+kvs_status kvs_gguf_get_i64(const kvs_gguf *g, const char *key, int64_t *out, kvs_error *err);
+kvs_status kvs_gguf_get_f64(const kvs_gguf *g, const char *key, double *out, kvs_error *err);
 
-/* Arrays: element type and count. */
+/* Arrays: element type and count. Nested arrays (element type KVS_GGUF_ARRAY) are validated at
+ * open (up to KVS_GGUF_MAX_NESTING levels) and reported here, but their elements are not
+ * accessible: kvs_gguf_arr_data returns NULL for them. */
 kvs_status kvs_gguf_get_arr(const kvs_gguf *g, const char *key, kvs_gguf_type *elem_type,
                             uint64_t *n, kvs_error *err);
 /* i-th string of a string array (bounds-checked; returns KVS_ERR_ARG if out of range or not a
  * string array). */
 kvs_status kvs_gguf_arr_str(const kvs_gguf *g, const char *key, uint64_t i, kvs_gguf_str *out,
                             kvs_error *err);
-/* Raw little-endian element data of a numeric array (may be unaligned: read with memcpy). */
+/* Raw little-endian element data of a numeric (or bool) array (may be unaligned: read with
+ * memcpy); NULL if the key is absent or not a numeric array. */
 const void *kvs_gguf_arr_data(const kvs_gguf *g, const char *key);
 
 uint64_t kvs_gguf_n_tensors(const kvs_gguf *g);
 const kvs_gguf_tensor *kvs_gguf_tensor_at(const kvs_gguf *g, uint64_t i);
 const kvs_gguf_tensor *kvs_gguf_find_tensor(const kvs_gguf *g, const char *name);
+/* Absolute file offset of the data section (a multiple of the alignment). */
+uint64_t kvs_gguf_data_offset(const kvs_gguf *g);
 
 /* ---- writer ---- */
 typedef struct kvs_gguf_writer kvs_gguf_writer;
@@ -92,7 +111,8 @@ typedef struct kvs_gguf_writer kvs_gguf_writer;
 kvs_gguf_writer *kvs_gguf_writer_new(void);
 void kvs_gguf_writer_free(kvs_gguf_writer *w);
 /* Setters copy key and value. Setting a key twice replaces the value. Return KVS_ERR_NOMEM on
- * allocation failure. "general.alignment" (u32, power of two) changes the data alignment. */
+ * allocation failure, KVS_ERR_ARG for a NULL/empty/non-UTF-8 key or NULL value.
+ * "general.alignment" (u32, power of two) changes the data alignment. */
 kvs_status kvs_gguf_set_u32(kvs_gguf_writer *w, const char *key, uint32_t v);
 kvs_status kvs_gguf_set_i32(kvs_gguf_writer *w, const char *key, int32_t v);
 kvs_status kvs_gguf_set_u64(kvs_gguf_writer *w, const char *key, uint64_t v);
@@ -103,6 +123,13 @@ kvs_status kvs_gguf_set_arr_str(kvs_gguf_writer *w, const char *key, const char 
                                 uint64_t n);
 kvs_status kvs_gguf_set_arr_f32(kvs_gguf_writer *w, const char *key, const float *v, uint64_t n);
 kvs_status kvs_gguf_set_arr_i32(kvs_gguf_writer *w, const char *key, const int32_t *v, uint64_t n);
+/* Any scalar type except STRING/ARRAY; v points to the value in its C type (uint8_t, int8_t,
+ * ..., float, double; BOOL is a uint8_t 0 or 1). KVS_ERR_ARG for a bad type or bool value. */
+kvs_status kvs_gguf_set_scalar(kvs_gguf_writer *w, const char *key, kvs_gguf_type type,
+                               const void *v);
+/* Array of any scalar element type (same representation as kvs_gguf_set_scalar). */
+kvs_status kvs_gguf_set_arr(kvs_gguf_writer *w, const char *key, kvs_gguf_type elem_type,
+                            const void *v, uint64_t n);
 /* Adds a tensor; data is referenced, not copied, and must stay valid until kvs_gguf_write.
  * dims[0] is the row length. Fails with KVS_ERR_ARG if dims[0] is not a whole number of blocks
  * of type, or the name is a duplicate. */

@@ -24,6 +24,12 @@ typedef struct kvs_tokenizer kvs_tokenizer;
  * llama2.c converter: ' ' becomes U+2581, id 0 is UNKNOWN, ids 1 and 2 (BOS, EOS) CONTROL,
  * <0xNN> BYTE, the rest NORMAL. Errors name the path and the token index. */
 kvs_status kvs_tokenizer_load_llama2c(const char *path, kvs_tokenizer **out, kvs_error *err);
+/* The file does not store its token count, so kvs_tokenizer_load_llama2c reads tokens up to the
+ * end of the file (a file cut exactly between two tokens loads as a smaller vocabulary). This
+ * variant takes the expected count (the model's vocab_size; 0 = read to the end) and fails if the
+ * file holds fewer tokens or has bytes left over after n_vocab tokens. */
+kvs_status kvs_tokenizer_load_llama2c_n(const char *path, int n_vocab, kvs_tokenizer **out,
+                                        kvs_error *err);
 /* Builds the tokenizer from tokenizer.ggml.* keys (model must be "llama"). */
 kvs_status kvs_tokenizer_from_gguf(const kvs_gguf *g, kvs_tokenizer **out, kvs_error *err);
 void kvs_tokenizer_free(kvs_tokenizer *t);
@@ -31,10 +37,15 @@ void kvs_tokenizer_free(kvs_tokenizer *t);
 int kvs_tokenizer_n_vocab(const kvs_tokenizer *t);
 int kvs_tokenizer_bos(const kvs_tokenizer *t);
 int kvs_tokenizer_eos(const kvs_tokenizer *t);
-/* Piece text as stored (GGUF convention, NUL-terminated), its score and token type. */
+/* Piece text as stored (GGUF convention, NUL-terminated), its score and token type. For an id
+ * out of range: NULL, 0.0f and 0. */
 const char *kvs_tokenizer_piece(const kvs_tokenizer *t, int id);
 float kvs_tokenizer_score(const kvs_tokenizer *t, int id);
 int kvs_tokenizer_type(const kvs_tokenizer *t, int id);
+/* Id of the token whose piece is exactly `piece` (GGUF convention, e.g. "\xe2\x96\x81the" or
+ * "<s>"), or -1. Normal and user-defined tokens are found in O(1) (the lowest id among
+ * duplicates); other types by a scan. */
+int kvs_tokenizer_find(const kvs_tokenizer *t, const char *piece);
 
 /* Encodes UTF-8 text: optional BOS, a leading space is added to non-empty text (SentencePiece's
  * dummy prefix), spaces become U+2581, every code point maps to its piece or to byte-fallback
@@ -44,6 +55,8 @@ kvs_status kvs_tokenizer_encode(const kvs_tokenizer *t, const char *text, int ad
                                 int32_t **ids, int *n_ids, kvs_error *err);
 /* Text of token id as it should be printed after token prev: U+2581 becomes ' ', a leading space
  * is dropped right after BOS, <0xNN> byte tokens yield the raw byte, control tokens yield "".
+ * (Unused tokens also yield "", the unknown token its piece text, e.g. "<unk>"; an id out of
+ * range yields "".)
  * Returns a pointer to a NUL-terminated string valid until the tokenizer is freed (the returned
  * length is in *len, since a byte token may be a NUL byte). */
 const char *kvs_tokenizer_decode(const kvs_tokenizer *t, int prev, int id, int *len);

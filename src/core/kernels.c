@@ -1,0 +1,394 @@
+/* Type conversions, (de)quantisation, the scalar matmul reference and the per-vector ops.
+ * kvs_matmul itself lives in kernels_matmul.c. */
+#include "kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "kernels_internal.h"
+
+#if KVS_AVX512 || KVS_AVX2
+#include <immintrin.h>
+#endif
+
+float kvs_fp16_to_fp32(uint16_t h) { return kvs_fp16_to_fp32_scalar(h); }
+uint16_t kvs_fp32_to_fp16(float f) { return kvs_fp32_to_fp16_scalar(f); }
+float kvs_bf16_to_fp32(uint16_t h) { return kvs_bf16_to_fp32_scalar(h); }
+uint16_t kvs_fp32_to_bf16(float f) { return kvs_fp32_to_bf16_scalar(f); }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Row conversions                                                                            */
+
+static void quantize_q8_0(const float *x, kvs_block_q8_0 *y, int64_t n)
+{
+    for (int64_t b = 0; b < n / KVS_QK; b++) {
+        const float *xb = x + b * KVS_QK;
+        float amax = 0.0f;
+        for (int j = 0; j < KVS_QK; j++)
+            amax = fmaxf(amax, fabsf(xb[j]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = kvs_fp32_to_fp16_scalar(d);
+        for (int j = 0; j < KVS_QK; j++)
+            y[b].qs[j] = (int8_t)roundf(xb[j] * id);
+    }
+}
+
+static void quantize_q4_0(const float *x, kvs_block_q4_0 *y, int64_t n)
+{
+    for (int64_t b = 0; b < n / KVS_QK; b++) {
+        const float *xb = x + b * KVS_QK;
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < KVS_QK; j++) {
+            if (amax < fabsf(xb[j])) {
+                amax = fabsf(xb[j]);
+                max = xb[j];
+            }
+        }
+        const float d = max / -8.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = kvs_fp32_to_fp16_scalar(d);
+        for (int j = 0; j < KVS_QK / 2; j++) {
+            const float x0 = xb[j] * id, x1 = xb[j + KVS_QK / 2] * id;
+            int q0 = (int8_t)(x0 + 8.5f), q1 = (int8_t)(x1 + 8.5f);
+            q0 = q0 < 15 ? q0 : 15;
+            q1 = q1 < 15 ? q1 : 15;
+            y[b].qs[j] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+
+static void fp16_to_fp32_row(const uint16_t *src, float *dst, int64_t n)
+{
+    int64_t i = 0;
+#if KVS_AVX512
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
+#elif KVS_AVX2
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+#endif
+    for (; i < n; i++)
+        dst[i] = kvs_fp16_to_fp32_scalar(src[i]);
+}
+
+void kvs_dequantize_row(kvs_dtype t, const void *src, float *dst, int64_t n)
+{
+    switch (t) {
+    case KVS_F32:
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        break;
+    case KVS_F16:
+        fp16_to_fp32_row(src, dst, n);
+        break;
+    case KVS_BF16: {
+        const uint16_t *s = src;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = kvs_bf16_to_fp32_scalar(s[i]);
+        break;
+    }
+    case KVS_Q8_0: {
+        const kvs_block_q8_0 *b = src;
+        for (int64_t i = 0; i < n / KVS_QK; i++) {
+            const float d = kvs_fp16_to_fp32_scalar(b[i].d);
+            for (int j = 0; j < KVS_QK; j++)
+                dst[i * KVS_QK + j] = d * (float)b[i].qs[j];
+        }
+        break;
+    }
+    case KVS_Q4_0: {
+        const kvs_block_q4_0 *b = src;
+        for (int64_t i = 0; i < n / KVS_QK; i++) {
+            const float d = kvs_fp16_to_fp32_scalar(b[i].d);
+            for (int j = 0; j < KVS_QK / 2; j++) {
+                dst[i * KVS_QK + j] = d * (float)((b[i].qs[j] & 0x0f) - 8);
+                dst[i * KVS_QK + j + KVS_QK / 2] = d * (float)((b[i].qs[j] >> 4) - 8);
+            }
+        }
+        break;
+    }
+    }
+}
+
+void kvs_quantize_row(kvs_dtype t, const float *src, void *dst, int64_t n)
+{
+    switch (t) {
+    case KVS_F32:
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        break;
+    case KVS_F16: {
+        uint16_t *d = dst;
+        for (int64_t i = 0; i < n; i++)
+            d[i] = kvs_fp32_to_fp16_scalar(src[i]);
+        break;
+    }
+    case KVS_BF16: {
+        uint16_t *d = dst;
+        for (int64_t i = 0; i < n; i++)
+            d[i] = kvs_fp32_to_bf16_scalar(src[i]);
+        break;
+    }
+    case KVS_Q8_0:
+        quantize_q8_0(src, dst, n);
+        break;
+    case KVS_Q4_0:
+        quantize_q4_0(src, dst, n);
+        break;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Scalar matmul reference                                                                    */
+
+void kvs_matmul_ref(float *y, const float *x, const void *w, kvs_dtype wt, int n_rows, int n_in,
+                    int n_out)
+{
+    uint64_t row_bytes = 0;
+    if (n_rows <= 0 || n_out <= 0 || kvs_dtype_bytes(wt, (uint64_t)n_in, &row_bytes) != 0)
+        return;
+    float *wrow = malloc((size_t)(n_in > 0 ? n_in : 1) * sizeof(float));
+    if (!wrow)
+        abort();
+    for (int o = 0; o < n_out; o++) {
+        kvs_dequantize_row(wt, (const char *)w + (size_t)o * row_bytes, wrow, n_in);
+        for (int r = 0; r < n_rows; r++) {
+            const float *xr = x + (size_t)r * n_in;
+            double s = 0.0;
+            for (int i = 0; i < n_in; i++)
+                s += (double)xr[i] * (double)wrow[i];
+            y[(size_t)r * n_out + o] = (float)s;
+        }
+    }
+    free(wrow);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Vector exp (AVX-512): exp(x) = 2^n * p(r), r = x - n ln2, |r| <= ln2/2, degree-7 Taylor
+ * polynomial (relative error < 1e-8 before rounding, ~1-2 ulp overall). scalef handles overflow
+ * to inf and gradual underflow; the clamp keeps -inf inputs from producing NaN. */
+
+#if KVS_AVX512
+static inline __m512 exp512(__m512 x)
+{
+    x = _mm512_max_ps(_mm512_set1_ps(-160.0f), x); /* operand order propagates NaN */
+    x = _mm512_min_ps(_mm512_set1_ps(100.0f), x);
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* Per-vector ops                                                                             */
+
+float kvs_dot_f32(const float *a, const float *b, int n)
+{
+    int i = 0;
+    float s = 0.0f;
+#if KVS_AVX512
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    }
+    if (i + 16 <= n) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        i += 16;
+    }
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
+        i = n;
+    }
+    s = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+#elif KVS_AVX2
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    s0 = _mm256_add_ps(s0, s1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    s = _mm_cvtss_f32(h);
+#else
+    float p[4] = {0, 0, 0, 0};
+    for (; i + 4 <= n; i += 4)
+        for (int j = 0; j < 4; j++)
+            p[j] += a[i + j] * b[i + j];
+    s = (p[0] + p[1]) + (p[2] + p[3]);
+#endif
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+void kvs_axpy_f32(float *y, float a, const float *x, int n)
+{
+    int i = 0;
+#if KVS_AVX512
+    const __m512 va = _mm512_set1_ps(a);
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        _mm512_mask_storeu_ps(y + i, m,
+                              _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i),
+                                              _mm512_maskz_loadu_ps(m, y + i)));
+        i = n;
+    }
+#elif KVS_AVX2
+    const __m256 va = _mm256_set1_ps(a);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#endif
+    for (; i < n; i++)
+        y[i] += a * x[i];
+}
+
+void kvs_rmsnorm(float *o, const float *x, const float *w, int n, float eps)
+{
+    float ss;
+#if KVS_AVX512
+    {
+        int i = 0;
+        __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+        for (; i + 32 <= n; i += 32) {
+            const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
+            s0 = _mm512_fmadd_ps(a, a, s0);
+            s1 = _mm512_fmadd_ps(b, b, s1);
+        }
+        for (; i < n; i += 16) {
+            const int left = n - i;
+            const __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+            const __m512 a = _mm512_maskz_loadu_ps(m, x + i);
+            s0 = _mm512_fmadd_ps(a, a, s0);
+        }
+        ss = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+    }
+#else
+    {
+        double s = 0.0;
+        for (int i = 0; i < n; i++)
+            s += (double)x[i] * (double)x[i];
+        ss = (float)s;
+    }
+#endif
+    const float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    int i = 0;
+#if KVS_AVX512
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(o + i,
+                         _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), vs), _mm512_loadu_ps(w + i)));
+#endif
+    for (; i < n; i++)
+        o[i] = (x[i] * scale) * w[i];
+}
+
+void kvs_softmax(float *x, int n)
+{
+    if (n <= 0)
+        return;
+    float max = x[0];
+    int i = 0;
+#if KVS_AVX512
+    if (n >= 16) {
+        __m512 vm = _mm512_loadu_ps(x);
+        for (i = 16; i + 16 <= n; i += 16)
+            vm = _mm512_max_ps(vm, _mm512_loadu_ps(x + i));
+        max = _mm512_reduce_max_ps(vm);
+    }
+#endif
+    for (; i < n; i++)
+        max = x[i] > max ? x[i] : max;
+
+    float sum = 0.0f;
+    i = 0;
+#if KVS_AVX512
+    {
+        const __m512 vmax = _mm512_set1_ps(max);
+        __m512 vsum = _mm512_setzero_ps();
+        for (; i < n; i += 16) {
+            const int left = n - i;
+            const __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+            const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vmax));
+            _mm512_mask_storeu_ps(x + i, m, e);
+            vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(m, e));
+        }
+        sum = _mm512_reduce_add_ps(vsum);
+    }
+#endif
+    for (; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    const float inv = 1.0f / sum;
+    i = 0;
+#if KVS_AVX512
+    const __m512 vinv = _mm512_set1_ps(inv);
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), vinv));
+#endif
+    for (; i < n; i++)
+        x[i] *= inv;
+}
+
+void kvs_swiglu(float *a, const float *b, int n)
+{
+    int i = 0;
+#if KVS_AVX512
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (; i < n; i += 16) {
+        const int left = n - i;
+        const __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+        const __m512 va = _mm512_maskz_loadu_ps(m, a + i);
+        const __m512 vb = _mm512_maskz_loadu_ps(m, b + i);
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), va));
+        const __m512 silu = _mm512_div_ps(va, _mm512_add_ps(one, e));
+        _mm512_mask_storeu_ps(a + i, m, _mm512_mul_ps(silu, vb));
+    }
+#endif
+    for (; i < n; i++) {
+        const float v = a[i];
+        a[i] = v / (1.0f + expf(-v)) * b[i];
+    }
+}
+
+void kvs_rope(float *vec, int n_heads, int head_dim, int rot_dim, int pos, float base, int neox)
+{
+    /* cos/sin per pair are shared by all heads; computed in float as llama2.c does. */
+    enum { CHUNK = 128 };
+    float cs[CHUNK], sn[CHUNK];
+    const int n_pairs = rot_dim / 2;
+    for (int p0 = 0; p0 < n_pairs; p0 += CHUNK) {
+        const int np = n_pairs - p0 < CHUNK ? n_pairs - p0 : CHUNK;
+        for (int p = 0; p < np; p++) {
+            const float freq = 1.0f / powf(base, (float)(2 * (p0 + p)) / (float)rot_dim);
+            const float val = (float)pos * freq;
+            cs[p] = cosf(val);
+            sn[p] = sinf(val);
+        }
+        for (int h = 0; h < n_heads; h++) {
+            float *v = vec + (size_t)h * head_dim;
+            for (int p = 0; p < np; p++) {
+                const int i0 = neox ? p0 + p : 2 * (p0 + p);
+                const int i1 = neox ? p0 + p + n_pairs : i0 + 1;
+                const float a = v[i0], b = v[i1];
+                v[i0] = a * cs[p] - b * sn[p];
+                v[i1] = a * sn[p] + b * cs[p];
+            }
+        }
+    }
+}

@@ -1,0 +1,102 @@
+/* Private helpers shared by the kernel sources (not part of the public kernel API). */
+#ifndef KVS_KERNELS_INTERNAL_H
+#define KVS_KERNELS_INTERNAL_H
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__GNUC__)
+#define KVS_INLINE static inline __attribute__((always_inline))
+#define KVS_NOINLINE __attribute__((noinline))
+#else
+#define KVS_INLINE static inline
+#define KVS_NOINLINE
+#endif
+
+/* The AVX-512 matmul paths need F + BW + VL (+ VNNI for the integer kernels, F16C-equivalent
+ * conversions are part of AVX512F). */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) &&                 \
+    defined(__AVX512DQ__)
+#define KVS_AVX512 1
+#else
+#define KVS_AVX512 0
+#endif
+#if KVS_AVX512 && defined(__AVX512VNNI__)
+#define KVS_AVX512_VNNI 1
+#else
+#define KVS_AVX512_VNNI 0
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define KVS_AVX2 1
+#else
+#define KVS_AVX2 0
+#endif
+
+static inline uint32_t kvs_f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float kvs_bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Portable scalar conversions (bit exact, round to nearest even). */
+static inline float kvs_fp16_to_fp32_scalar(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    if (exp == 0) {
+        /* zero or subnormal: man * 2^-24, exact in fp32 */
+        float v = (float)man * 0x1p-24f;
+        return kvs_bits_f32(kvs_f32_bits(v) | sign);
+    }
+    if (exp == 31) /* inf, or NaN made quiet (as F16C's vcvtph2ps does) */
+        return kvs_bits_f32(sign | 0x7f800000u | (man << 13) | (man ? 0x400000u : 0u));
+    return kvs_bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+static inline uint16_t kvs_fp32_to_fp16_scalar(float f)
+{
+    uint32_t x = kvs_f32_bits(f);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) /* NaN: keep the top payload bits, force quiet (as F16C does) */
+        return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+    if (ax >= 0x477ff000u) /* >= 65520 rounds to infinity (inf included) */
+        return (uint16_t)(sign | 0x7c00u);
+    if (ax < 0x38800000u) { /* below 2^-14: half subnormal or zero */
+        uint32_t e = ax >> 23;
+        if (e < 102) /* < 2^-25: rounds to zero */
+            return (uint16_t)sign;
+        uint32_t m = (ax & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 126u - e; /* 14..24 */
+        uint32_t q = m >> shift;
+        uint32_t rem = m & ((1u << shift) - 1u);
+        uint32_t half = 1u << (shift - 1u);
+        if (rem > half || (rem == half && (q & 1u)))
+            q++;
+        return (uint16_t)(sign | q);
+    }
+    uint32_t r = ax - (112u << 23);
+    r += 0xfffu + ((r >> 13) & 1u);
+    return (uint16_t)(sign | (r >> 13));
+}
+
+static inline float kvs_bf16_to_fp32_scalar(uint16_t h) { return kvs_bits_f32((uint32_t)h << 16); }
+
+static inline uint16_t kvs_fp32_to_bf16_scalar(float f)
+{
+    uint32_t x = kvs_f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) /* NaN: truncate and force quiet */
+        return (uint16_t)((x >> 16) | 0x40u);
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+#endif

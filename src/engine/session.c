@@ -1,0 +1,174 @@
+/* The public API: models, tokens and sessions (model + KV cache + forward-pass state). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/kernels.h"
+#include "core/threadpool.h"
+#include "kv/kv_cache.h"
+#include "model/forward.h"
+#include "model/llama.h"
+
+struct kvs_session {
+    const kvs_model *model;
+    kvs_session_params params;
+    kvs_pool *pool;
+    kvs_kv *kv;
+    kvs_forward_buf buf;
+    int n_past;
+};
+
+kvs_status kvs_model_load(const char *path, kvs_model **out, kvs_error *err)
+{
+    kvs_gguf *g = NULL;
+    *out = NULL;
+    kvs_status st = kvs_gguf_open(path, &g, err);
+    if (st != KVS_OK)
+        return st;
+    return kvs_llama_from_gguf(g, path, out, err);
+}
+
+void kvs_model_free(kvs_model *m) { kvs_llama_free(m); }
+
+static size_t weight_bytes(const kvs_weight *w)
+{
+    uint64_t row = 0;
+    kvs_dtype_bytes(w->type, (uint64_t)w->cols, &row);
+    return (size_t)row * (size_t)w->rows;
+}
+
+void kvs_model_get_info(const kvs_model *m, kvs_model_info *info)
+{
+    const kvs_hparams *hp = &m->hp;
+    memset(info, 0, sizeof *info);
+    info->n_vocab = hp->vocab;
+    info->n_ctx = hp->ctx;
+    info->dim = hp->dim;
+    info->hidden = hp->hidden;
+    info->n_layers = hp->n_layers;
+    info->n_heads = hp->n_heads;
+    info->n_kv_heads = hp->n_kv_heads;
+    info->head_dim = hp->head_dim;
+    info->n_params = m->n_params;
+    info->weight_type = kvs_dtype_name(m->layers[0].wq.type);
+    size_t bytes = weight_bytes(&m->tok_embd) + sizeof(float) * (size_t)hp->dim *
+                                                    (2 * (size_t)hp->n_layers + 1);
+    if (m->output.data != m->tok_embd.data)
+        bytes += weight_bytes(&m->output);
+    for (int l = 0; l < hp->n_layers; l++) {
+        const kvs_layer *L = &m->layers[l];
+        bytes += weight_bytes(&L->wq) + weight_bytes(&L->wk) + weight_bytes(&L->wv) +
+                 weight_bytes(&L->wo) + weight_bytes(&L->w_gate) + weight_bytes(&L->w_up) +
+                 weight_bytes(&L->w_down);
+    }
+    info->weight_bytes = bytes;
+}
+
+int kvs_token_bos(const kvs_model *m) { return kvs_tokenizer_bos(m->tokenizer); }
+int kvs_token_eos(const kvs_model *m) { return kvs_tokenizer_eos(m->tokenizer); }
+
+kvs_status kvs_tokenize(const kvs_model *m, const char *text, int add_bos, int32_t **ids,
+                        int *n_ids, kvs_error *err)
+{
+    return kvs_tokenizer_encode(m->tokenizer, text, add_bos, ids, n_ids, err);
+}
+
+const char *kvs_token_text(const kvs_model *m, int prev, int id, int *len)
+{
+    return kvs_tokenizer_decode(m->tokenizer, prev, id, len);
+}
+
+kvs_session_params kvs_session_default_params(void)
+{
+    kvs_session_params p = {.n_threads = 1, .n_ctx = 0, .chunk = 512};
+    return p;
+}
+
+kvs_status kvs_session_new(const kvs_model *m, const kvs_session_params *p, kvs_session **out,
+                           kvs_error *err)
+{
+    *out = NULL;
+    if (p->n_threads < 1 || p->n_threads > 256)
+        return kvs_fail(err, KVS_ERR_ARG, "threads must be in [1, 256], got %d", p->n_threads);
+    if (p->n_ctx < 0 || p->chunk < 0)
+        return kvs_fail(err, KVS_ERR_ARG, "context and chunk must not be negative");
+    kvs_session *s = calloc(1, sizeof *s);
+    if (!s)
+        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
+    s->model = m;
+    s->params = *p;
+    if (s->params.n_ctx == 0)
+        s->params.n_ctx = m->hp.ctx;
+    if (s->params.chunk == 0)
+        s->params.chunk = 512;
+    if (s->params.chunk > s->params.n_ctx)
+        s->params.chunk = s->params.n_ctx;
+    kvs_kv_config cfg = {m->hp.n_layers, m->hp.n_kv_heads, m->hp.head_dim, s->params.n_ctx};
+    s->pool = kvs_pool_create(p->n_threads);
+    s->kv = kvs_kv_new(&cfg);
+    kvs_status st = (s->pool && s->kv) ? KVS_OK
+                                       : kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
+    if (st == KVS_OK)
+        st = kvs_forward_buf_init(&s->buf, &m->hp, s->params.chunk, err);
+    if (st != KVS_OK) {
+        kvs_session_free(s);
+        return st;
+    }
+    *out = s;
+    return KVS_OK;
+}
+
+void kvs_session_free(kvs_session *s)
+{
+    if (!s)
+        return;
+    kvs_forward_buf_free(&s->buf);
+    kvs_kv_free(s->kv);
+    kvs_pool_destroy(s->pool);
+    free(s);
+}
+
+void kvs_session_reset(kvs_session *s)
+{
+    kvs_kv_clear(s->kv);
+    s->n_past = 0;
+}
+
+kvs_status kvs_session_eval(kvs_session *s, const int32_t *tokens, int n, float *logits,
+                            int all_logits, kvs_error *err)
+{
+    const int vocab = s->model->hp.vocab;
+    if (n <= 0)
+        return kvs_fail(err, KVS_ERR_ARG, "no tokens to evaluate");
+    if (n > s->params.n_ctx - s->n_past)
+        return kvs_fail(err, KVS_ERR_ARG,
+                        "%d tokens after %d exceed the context length %d", n, s->n_past,
+                        s->params.n_ctx);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= vocab)
+            return kvs_fail(err, KVS_ERR_ARG,
+                            "token id %d (at index %d) is outside the vocabulary [0, %d)",
+                            tokens[i], i, vocab);
+    for (int done = 0; done < n;) {
+        int batch = n - done < s->buf.cap ? n - done : s->buf.cap;
+        int last = done + batch == n;
+        float *out = NULL;
+        if (logits && all_logits)
+            out = logits + (size_t)done * vocab;
+        else if (logits && last)
+            out = logits;
+        kvs_status st = kvs_forward(s->model, s->pool, s->kv, &s->buf, tokens + done, batch,
+                                    s->n_past, out, all_logits, err);
+        if (st != KVS_OK)
+            return st;
+        s->n_past += batch;
+        done += batch;
+    }
+    return KVS_OK;
+}
+
+int kvs_session_n_past(const kvs_session *s) { return s->n_past; }
+size_t kvs_session_kv_bytes(const kvs_session *s) { return kvs_kv_bytes(s->kv); }
+size_t kvs_session_kv_bytes_full_f16(const kvs_session *s)
+{
+    return kvs_kv_bytes_full_f16(s->kv, s->n_past);
+}

@@ -1,0 +1,88 @@
+/* Random-weight llama models of any shape, for timing at realistic sizes without a download. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "model/llama_write.h"
+
+static uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in (0, 1]. */
+static double uniform(uint64_t *s) { return ((splitmix64(s) >> 11) + 1) * (1.0 / 9007199254740992.0); }
+
+static void fill_normal(float *x, size_t n, float sd, uint64_t *s)
+{
+    for (size_t i = 0; i < n; i += 2) {
+        double r = sqrt(-2.0 * log(uniform(s))), a = 2.0 * M_PI * uniform(s);
+        x[i] = (float)(sd * r * cos(a));
+        if (i + 1 < n)
+            x[i + 1] = (float)(sd * r * sin(a));
+    }
+}
+
+kvs_status kvs_synthetic_write(const kvs_hparams *hp_in, kvs_dtype type, uint64_t seed,
+                               const char *path, FILE *log, kvs_error *err)
+{
+    kvs_hparams hp = *hp_in;
+    if (hp.dim <= 0 || hp.hidden <= 0 || hp.n_layers <= 0 || hp.n_heads <= 0 ||
+        hp.n_kv_heads <= 0 || hp.vocab <= 0 || hp.ctx <= 0)
+        return kvs_fail(err, KVS_ERR_ARG, "synthetic shape: every size must be positive");
+    if (hp.dim % hp.n_heads != 0 || hp.n_heads % hp.n_kv_heads != 0 ||
+        (hp.dim / hp.n_heads) % 2 != 0)
+        return kvs_fail(err, KVS_ERR_ARG,
+                        "synthetic shape: heads=%d must divide dim=%d into an even head size and "
+                        "kv_heads=%d must divide heads", hp.n_heads, hp.dim, hp.n_kv_heads);
+    hp.head_dim = hp.dim / hp.n_heads;
+    hp.rot_dim = hp.head_dim;
+    hp.eps = 1e-5f;
+    hp.rope_base = 10000.0f;
+
+    const size_t dim = (size_t)hp.dim, kv_dim = (size_t)hp.n_kv_heads * hp.head_dim,
+                 hidden = (size_t)hp.hidden;
+    const size_t per_layer = 2 * dim + 2 * dim * dim + 2 * dim * kv_dim + 3 * dim * hidden;
+    const size_t total = (size_t)hp.vocab * dim + dim + per_layer * (size_t)hp.n_layers;
+    float *w = malloc(total * sizeof(float));
+    kvs_llama_src_layer *layers = calloc((size_t)hp.n_layers, sizeof *layers);
+    if (!w || !layers) {
+        free(w);
+        free(layers);
+        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for %zu synthetic weights", total);
+    }
+    uint64_t s = seed;
+    float *p = w;
+    kvs_llama_src src = {.hp = hp, .name = "synthetic", .layers = layers};
+#define TAKE(n) (p += (n), p - (n))
+    src.tok_embd = TAKE((size_t)hp.vocab * dim);
+    fill_normal((float *)src.tok_embd, (size_t)hp.vocab * dim, 0.02f, &s);
+    float *norm = TAKE(dim);
+    for (size_t i = 0; i < dim; i++)
+        norm[i] = 1.0f;
+    src.output_norm = norm;
+    for (int l = 0; l < hp.n_layers; l++) {
+        kvs_llama_src_layer *L = &layers[l];
+        float *an = TAKE(dim), *fn = TAKE(dim);
+        for (size_t i = 0; i < dim; i++)
+            an[i] = fn[i] = 1.0f;
+        L->attn_norm = an;
+        L->ffn_norm = fn;
+        float *m = TAKE(per_layer - 2 * dim);
+        fill_normal(m, per_layer - 2 * dim, 0.02f, &s);
+        L->wq = m, m += dim * dim;
+        L->wk = m, m += kv_dim * dim;
+        L->wv = m, m += kv_dim * dim;
+        L->wo = m, m += dim * dim;
+        L->w_gate = m, m += hidden * dim;
+        L->w_up = m, m += hidden * dim;
+        L->w_down = m;
+    }
+#undef TAKE
+    kvs_status st = kvs_llama_write_gguf(&src, NULL, type, path, log, err);
+    free(w);
+    free(layers);
+    return st;
+}

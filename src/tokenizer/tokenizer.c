@@ -1,0 +1,860 @@
+/* SentencePiece-style BPE tokenizer with byte fallback (the llama vocabulary model).
+ *
+ * Storage: all pieces live in one arena (NUL-terminated, GGUF convention with U+2581 for spaces);
+ * a second arena holds the decoded text of every token so kvs_tokenizer_decode never allocates.
+ * Piece lookup during encoding uses an open-addressing hash table that only holds NORMAL and
+ * USER_DEFINED tokens, so user text can never turn into control, unknown or byte tokens through
+ * merging; byte-fallback ids are found through a 256-entry table built from the BYTE tokens. */
+#include "tokenizer/tokenizer.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define SPACE_MARK "\xe2\x96\x81" /* U+2581, SentencePiece's visible space */
+#define SPACE_MARK_LEN 3
+#define MAX_PIECE_BYTES (1u << 24)
+
+struct kvs_tokenizer {
+    int n;
+    int bos, eos, unk;
+    char *pieces;         /* arena of NUL-terminated pieces */
+    size_t *piece_off;
+    uint32_t *piece_len;
+    float *scores;
+    int32_t *types;
+    char *dec;            /* arena of NUL-terminated decoded texts */
+    size_t *dec_off;
+    uint32_t *dec_len;
+    int32_t *table;       /* hash table of ids (-1 = empty), size mask + 1 */
+    uint32_t mask;
+    uint32_t max_merge_len; /* longest piece in the table, in bytes */
+    int32_t byte_id[256]; /* id of <0xNN>, or -1 */
+};
+
+/* ---------- small helpers ---------- */
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+} strbuf;
+
+static int sb_reserve(strbuf *b, size_t extra)
+{
+    if (extra > SIZE_MAX - b->n - 1) return -1;
+    size_t need = b->n + extra + 1;
+    if (need <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < need) {
+        if (cap > SIZE_MAX / 2) {
+            cap = need;
+            break;
+        }
+        cap *= 2;
+    }
+    char *p = realloc(b->p, cap);
+    if (!p) return -1;
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static int sb_append(strbuf *b, const char *s, size_t len)
+{
+    if (sb_reserve(b, len)) return -1;
+    if (len) memcpy(b->p + b->n, s, len);
+    b->n += len;
+    b->p[b->n] = '\0';
+    return 0;
+}
+
+/* Appends s with every ' ' replaced by U+2581. */
+static int sb_append_spaces_to_mark(strbuf *b, const char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        int rc = s[i] == ' ' ? sb_append(b, SPACE_MARK, SPACE_MARK_LEN) : sb_append(b, s + i, 1);
+        if (rc) return -1;
+    }
+    return 0;
+}
+
+static uint32_t hash_bytes(const char *s, size_t len)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (size_t i = 0; i < len; i++) {
+        h ^= (unsigned char)s[i];
+        h *= 16777619u;
+    }
+    return h;
+}
+
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+/* Byte value of a "<0xNN>" piece, or -1. */
+static int parse_byte_piece(const char *s, size_t len)
+{
+    if (len != 6 || s[0] != '<' || s[1] != '0' || s[2] != 'x' || s[5] != '>') return -1;
+    int hi = hex_digit(s[3]), lo = hex_digit(s[4]);
+    if (hi < 0 || lo < 0) return -1;
+    return hi * 16 + lo;
+}
+
+static uint32_t rd_le32(const void *p)
+{
+    const unsigned char *b = p;
+    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
+
+static float f32_from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* ---------- construction ---------- */
+
+void kvs_tokenizer_free(kvs_tokenizer *t)
+{
+    if (!t) return;
+    free(t->pieces);
+    free(t->piece_off);
+    free(t->piece_len);
+    free(t->scores);
+    free(t->types);
+    free(t->dec);
+    free(t->dec_off);
+    free(t->dec_len);
+    free(t->table);
+    free(t);
+}
+
+/* Allocates a tokenizer with room for n tokens (piece arena filled by the caller). */
+static kvs_tokenizer *tok_alloc(int n)
+{
+    kvs_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->n = n;
+    size_t un = (size_t)n;
+    t->piece_off = malloc(un * sizeof *t->piece_off);
+    t->piece_len = malloc(un * sizeof *t->piece_len);
+    t->scores = malloc(un * sizeof *t->scores);
+    t->types = malloc(un * sizeof *t->types);
+    t->dec_off = malloc(un * sizeof *t->dec_off);
+    t->dec_len = malloc(un * sizeof *t->dec_len);
+    if (!t->piece_off || !t->piece_len || !t->scores || !t->types || !t->dec_off ||
+        !t->dec_len) {
+        kvs_tokenizer_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+static const char *piece_ptr(const kvs_tokenizer *t, int id)
+{
+    return t->pieces + t->piece_off[id];
+}
+
+static int32_t table_find(const kvs_tokenizer *t, const char *s, size_t len)
+{
+    if (len > t->max_merge_len) return -1;
+    uint32_t h = hash_bytes(s, len) & t->mask;
+    for (;;) {
+        int32_t id = t->table[h];
+        if (id < 0) return -1;
+        if (t->piece_len[id] == len && memcmp(piece_ptr(t, id), s, len) == 0) return id;
+        h = (h + 1) & t->mask;
+    }
+}
+
+/* Completes a tokenizer whose pieces, scores, types and bos/eos/unk are set: validates the token
+ * types, builds the byte table, the lookup table and the decode arena. `what` names the source
+ * (path or key) in error messages. */
+static kvs_status tok_finish(kvs_tokenizer *t, const char *what, kvs_error *err)
+{
+    for (int i = 0; i < 256; i++) t->byte_id[i] = -1;
+
+    /* table: power of two >= 2n */
+    uint32_t cap = 16;
+    while (cap < 2u * (uint32_t)t->n) cap *= 2;
+    t->table = malloc((size_t)cap * sizeof *t->table);
+    if (!t->table) return kvs_fail(err, KVS_ERR_NOMEM, "%s: out of memory", what);
+    t->mask = cap - 1;
+    for (uint32_t i = 0; i < cap; i++) t->table[i] = -1;
+    t->max_merge_len = 0;
+
+    strbuf dec = {0};
+    for (int id = 0; id < t->n; id++) {
+        const char *p = piece_ptr(t, id);
+        uint32_t len = t->piece_len[id];
+        int type = t->types[id];
+        t->dec_off[id] = dec.n;
+        int rc = 0;
+        switch (type) {
+        case KVS_TOKEN_BYTE: {
+            int b = parse_byte_piece(p, len);
+            if (b < 0) {
+                free(dec.p);
+                return kvs_fail(err, KVS_ERR_FORMAT,
+                                "%s: token %d has type byte but its piece \"%.*s\" is not <0xNN>",
+                                what, id, (int)(len > 32 ? 32 : len), p);
+            }
+            if (t->byte_id[b] < 0) t->byte_id[b] = id;
+            char c = (char)b;
+            rc = sb_append(&dec, &c, 1);
+            break;
+        }
+        case KVS_TOKEN_CONTROL:
+        case KVS_TOKEN_UNUSED:
+            rc = sb_append(&dec, "", 0);
+            break;
+        case KVS_TOKEN_NORMAL:
+        case KVS_TOKEN_USER_DEFINED:
+        case KVS_TOKEN_UNKNOWN: {
+            /* U+2581 -> ' ' */
+            if (sb_reserve(&dec, len)) {
+                rc = -1;
+                break;
+            }
+            for (uint32_t i = 0; i < len;) {
+                if (i + SPACE_MARK_LEN <= len && memcmp(p + i, SPACE_MARK, SPACE_MARK_LEN) == 0) {
+                    dec.p[dec.n++] = ' ';
+                    i += SPACE_MARK_LEN;
+                } else {
+                    dec.p[dec.n++] = p[i++];
+                }
+            }
+            dec.p[dec.n] = '\0';
+            if (type != KVS_TOKEN_UNKNOWN) {
+                /* first id wins for duplicate pieces */
+                uint32_t h = hash_bytes(p, len) & t->mask;
+                int dup = 0;
+                while (t->table[h] >= 0) {
+                    int32_t o = t->table[h];
+                    if (t->piece_len[o] == len && memcmp(piece_ptr(t, o), p, len) == 0) {
+                        dup = 1;
+                        break;
+                    }
+                    h = (h + 1) & t->mask;
+                }
+                if (!dup) t->table[h] = id;
+                if (len > t->max_merge_len) t->max_merge_len = len;
+            }
+            break;
+        }
+        default:
+            free(dec.p);
+            return kvs_fail(err, KVS_ERR_FORMAT, "%s: token %d has invalid token type %d", what,
+                            id, type);
+        }
+        if (rc) {
+            free(dec.p);
+            return kvs_fail(err, KVS_ERR_NOMEM, "%s: out of memory", what);
+        }
+        /* every branch left dec allocated with a NUL at dec.p[dec.n]: keep it */
+        t->dec_len[id] = (uint32_t)(dec.n - t->dec_off[id]);
+        dec.n++;
+    }
+    t->dec = dec.p;
+    return KVS_OK;
+}
+
+/* ---------- llama2.c loader ---------- */
+
+static kvs_status read_exact(FILE *f, void *dst, size_t n, const char *path, long long off,
+                             kvs_error *err)
+{
+    if (n && fread(dst, 1, n, f) != n)
+        return kvs_fail(err, ferror(f) ? KVS_ERR_IO : KVS_ERR_FORMAT,
+                        "%s: read of %zu bytes at offset %lld failed%s", path, n, off,
+                        ferror(f) ? "" : " (file shrank while reading?)");
+    return KVS_OK;
+}
+
+kvs_status kvs_tokenizer_load_llama2c_n(const char *path, int n_vocab, kvs_tokenizer **out,
+                                        kvs_error *err)
+{
+    if (out) *out = NULL;
+    if (!path || !out) return kvs_fail(err, KVS_ERR_ARG, "tokenizer: NULL path or output");
+    if (n_vocab < 0) return kvs_fail(err, KVS_ERR_ARG, "%s: negative expected vocab size %d", path, n_vocab);
+
+    FILE *f = fopen(path, "rb");
+    if (!f) return kvs_fail(err, KVS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) {
+        int e = errno;
+        fclose(f);
+        return kvs_fail(err, KVS_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        fclose(f);
+        return kvs_fail(err, KVS_ERR_IO, "%s: not a regular file", path);
+    }
+    const long long size = (long long)st.st_size;
+
+    kvs_status s = KVS_OK;
+    kvs_tokenizer *t = NULL;
+    strbuf arena = {0};
+    char *raw = NULL;
+    float *scores = NULL;
+    size_t *offs = NULL;
+    uint32_t *lens = NULL;
+    int n = 0, cap = 0;
+
+    unsigned char hdr[8];
+    if (size < 4) {
+        s = kvs_fail(err, KVS_ERR_FORMAT,
+                     "%s: truncated header: file has %lld byte(s), need 4 for max_token_length", path, size);
+        goto done;
+    }
+    if ((s = read_exact(f, hdr, 4, path, 0, err))) goto done;
+    int32_t max_len = (int32_t)rd_le32(hdr);
+    if (max_len < 0) {
+        s = kvs_fail(err, KVS_ERR_FORMAT, "%s: negative max_token_length %d", path, (int)max_len);
+        goto done;
+    }
+    size_t raw_cap = 0; /* grown on demand: max_token_length itself is not trusted */
+
+    long long off = 4;
+    for (;;) {
+        if (n_vocab > 0 ? n >= n_vocab : off >= size) break;
+        if (n >= INT32_MAX / 2) {
+            s = kvs_fail(err, KVS_ERR_FORMAT, "%s: too many tokens", path);
+            goto done;
+        }
+        if (size - off < 8) {
+            if (n_vocab > 0 && off == size)
+                s = kvs_fail(err, KVS_ERR_FORMAT,
+                             "%s: truncated: file ends after %d of %d tokens (offset %lld)", path,
+                             n, n_vocab, off);
+            else
+                s = kvs_fail(err, KVS_ERR_FORMAT,
+                             "%s: token %d: truncated at offset %lld: need 8 bytes for score and "
+                             "length, %lld left",
+                             path, n, off, size - off);
+            goto done;
+        }
+        if ((s = read_exact(f, hdr, 8, path, off, err))) goto done;
+        float score = f32_from_bits(rd_le32(hdr));
+        int32_t len = (int32_t)rd_le32(hdr + 4);
+        if (len < 0) {
+            s = kvs_fail(err, KVS_ERR_FORMAT, "%s: token %d: negative byte length %d at offset %lld",
+                         path, n, (int)len, off + 4);
+            goto done;
+        }
+        if (len > max_len) {
+            s = kvs_fail(err, KVS_ERR_FORMAT,
+                         "%s: token %d: byte length %d exceeds max_token_length %d (offset %lld)",
+                         path, n, (int)len, (int)max_len, off + 4);
+            goto done;
+        }
+        if ((long long)len > size - off - 8) {
+            s = kvs_fail(err, KVS_ERR_FORMAT,
+                         "%s: token %d: truncated: byte length %d at offset %lld but only %lld "
+                         "bytes left",
+                         path, n, (int)len, off + 4, size - off - 8);
+            goto done;
+        }
+        if (isnan(score)) {
+            s = kvs_fail(err, KVS_ERR_FORMAT, "%s: token %d: score is NaN (offset %lld)", path, n,
+                         off);
+            goto done;
+        }
+        if ((size_t)len + 1 > raw_cap) {
+            char *nr = realloc(raw, (size_t)len + 1);
+            if (!nr) {
+                s = kvs_fail(err, KVS_ERR_NOMEM, "%s: out of memory", path);
+                goto done;
+            }
+            raw = nr;
+            raw_cap = (size_t)len + 1;
+        }
+        if ((s = read_exact(f, raw, (size_t)len, path, off + 8, err))) goto done;
+        off += 8 + len;
+
+        if (n == cap) {
+            int ncap = cap ? (cap > INT32_MAX / 2 ? INT32_MAX : cap * 2) : 512;
+            float *ns = realloc(scores, (size_t)ncap * sizeof *ns);
+            if (ns) scores = ns;
+            size_t *no = realloc(offs, (size_t)ncap * sizeof *no);
+            if (no) offs = no;
+            uint32_t *nl = realloc(lens, (size_t)ncap * sizeof *nl);
+            if (nl) lens = nl;
+            if (!ns || !no || !nl) {
+                s = kvs_fail(err, KVS_ERR_NOMEM, "%s: out of memory", path);
+                goto done;
+            }
+            cap = ncap;
+        }
+        scores[n] = score;
+        offs[n] = arena.n;
+        int rc;
+        /* llama2.c stores the specials with decoration ("\n<s>\n"); use the canonical names */
+        if (n == 0) rc = sb_append(&arena, "<unk>", 5);
+        else if (n == 1) rc = sb_append(&arena, "<s>", 3);
+        else if (n == 2) rc = sb_append(&arena, "</s>", 4);
+        else rc = sb_append_spaces_to_mark(&arena, raw, (size_t)len);
+        if (rc || sb_append(&arena, "", 0)) {
+            s = kvs_fail(err, KVS_ERR_NOMEM, "%s: out of memory", path);
+            goto done;
+        }
+        lens[n] = (uint32_t)(arena.n - offs[n]);
+        arena.n++; /* keep the NUL */
+        n++;
+    }
+    if (n_vocab > 0 && off != size) {
+        s = kvs_fail(err, KVS_ERR_FORMAT, "%s: %lld trailing bytes after %d tokens (offset %lld)",
+                     path, size - off, n, off);
+        goto done;
+    }
+    if (n < 3) {
+        s = kvs_fail(err, KVS_ERR_FORMAT, "%s: %d tokens, need at least 3 (<unk>, <s>, </s>)",
+                     path, n);
+        goto done;
+    }
+
+    t = tok_alloc(n);
+    if (!t) {
+        s = kvs_fail(err, KVS_ERR_NOMEM, "%s: out of memory", path);
+        goto done;
+    }
+    t->pieces = arena.p;
+    arena.p = NULL;
+    memcpy(t->scores, scores, (size_t)n * sizeof *scores);
+    memcpy(t->piece_off, offs, (size_t)n * sizeof *offs);
+    memcpy(t->piece_len, lens, (size_t)n * sizeof *lens);
+    for (int i = 0; i < n; i++) {
+        if (i == 0) t->types[i] = KVS_TOKEN_UNKNOWN;
+        else if (i <= 2) t->types[i] = KVS_TOKEN_CONTROL;
+        else if (parse_byte_piece(piece_ptr(t, i), t->piece_len[i]) >= 0) t->types[i] = KVS_TOKEN_BYTE;
+        else t->types[i] = KVS_TOKEN_NORMAL;
+    }
+    t->unk = 0;
+    t->bos = 1;
+    t->eos = 2;
+    if ((s = tok_finish(t, path, err))) goto done;
+    *out = t;
+    t = NULL;
+
+done:
+    fclose(f);
+    kvs_tokenizer_free(t);
+    free(arena.p);
+    free(raw);
+    free(scores);
+    free(offs);
+    free(lens);
+    return s;
+}
+
+kvs_status kvs_tokenizer_load_llama2c(const char *path, kvs_tokenizer **out, kvs_error *err)
+{
+    return kvs_tokenizer_load_llama2c_n(path, 0, out, err);
+}
+
+/* ---------- GGUF ---------- */
+
+#define K_MODEL "tokenizer.ggml.model"
+#define K_TOKENS "tokenizer.ggml.tokens"
+#define K_SCORES "tokenizer.ggml.scores"
+#define K_TYPES "tokenizer.ggml.token_type"
+#define K_BOS "tokenizer.ggml.bos_token_id"
+#define K_EOS "tokenizer.ggml.eos_token_id"
+#define K_UNK "tokenizer.ggml.unknown_token_id"
+
+static const char *gguf_type_name(kvs_gguf_type t)
+{
+    static const char *names[] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32",
+                                  "bool", "string", "array", "u64", "i64", "f64"};
+    return (unsigned)t < sizeof names / sizeof *names ? names[t] : "invalid";
+}
+
+static kvs_status get_array(const kvs_gguf *g, const char *key, kvs_gguf_type want, uint64_t *n,
+                            kvs_error *err)
+{
+    if (kvs_gguf_find_key(g, key) < 0)
+        return kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: missing key %s", key);
+    kvs_gguf_type et;
+    kvs_status s = kvs_gguf_get_arr(g, key, &et, n, err);
+    if (s) return s;
+    if (et != want)
+        return kvs_fail(err, KVS_ERR_FORMAT,
+                        "tokenizer: key %s: array of %s, expected an array of %s", key,
+                        gguf_type_name(et), gguf_type_name(want));
+    return KVS_OK;
+}
+
+static kvs_status get_id(const kvs_gguf *g, const char *key, int n, int *id, kvs_error *err)
+{
+    uint32_t v = (uint32_t)*id;
+    kvs_status s = kvs_gguf_get_u32_opt(g, key, &v, err);
+    if (s) return s;
+    if (v >= (uint32_t)n)
+        return kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: key %s: token id %u out of range (vocab %d)",
+                        key, v, n);
+    *id = (int)v;
+    return KVS_OK;
+}
+
+kvs_status kvs_tokenizer_from_gguf(const kvs_gguf *g, kvs_tokenizer **out, kvs_error *err)
+{
+    if (out) *out = NULL;
+    if (!g || !out) return kvs_fail(err, KVS_ERR_ARG, "tokenizer: NULL gguf or output");
+
+    kvs_gguf_str model;
+    if (kvs_gguf_find_key(g, K_MODEL) < 0)
+        return kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: missing key %s", K_MODEL);
+    kvs_status s = kvs_gguf_get_str(g, K_MODEL, &model, err);
+    if (s) return s;
+    if (model.len != 5 || memcmp(model.data, "llama", 5) != 0)
+        return kvs_fail(err, KVS_ERR_UNSUPPORTED,
+                        "tokenizer: key %s is \"%.*s\": only the \"llama\" (SentencePiece BPE) "
+                        "vocabulary is supported",
+                        K_MODEL, (int)(model.len > 64 ? 64 : model.len), model.data);
+
+    uint64_t n_tok, n_sc, n_ty;
+    if ((s = get_array(g, K_TOKENS, KVS_GGUF_STRING, &n_tok, err))) return s;
+    if ((s = get_array(g, K_SCORES, KVS_GGUF_FLOAT32, &n_sc, err))) return s;
+    if ((s = get_array(g, K_TYPES, KVS_GGUF_INT32, &n_ty, err))) return s;
+    if (n_tok == 0) return kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: key %s is empty", K_TOKENS);
+    if (n_tok > INT32_MAX / 2)
+        return kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: key %s has too many tokens (%llu)",
+                        K_TOKENS, (unsigned long long)n_tok);
+    if (n_sc != n_tok)
+        return kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: key %s has %llu entries but %s has %llu",
+                        K_SCORES, (unsigned long long)n_sc, K_TOKENS, (unsigned long long)n_tok);
+    if (n_ty != n_tok)
+        return kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: key %s has %llu entries but %s has %llu",
+                        K_TYPES, (unsigned long long)n_ty, K_TOKENS, (unsigned long long)n_tok);
+    const unsigned char *sc = kvs_gguf_arr_data(g, K_SCORES);
+    const unsigned char *ty = kvs_gguf_arr_data(g, K_TYPES);
+    if (!sc || !ty)
+        return kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: cannot read the data of %s", !sc ? K_SCORES : K_TYPES);
+
+    int n = (int)n_tok;
+    kvs_tokenizer *t = tok_alloc(n);
+    if (!t) return kvs_fail(err, KVS_ERR_NOMEM, "tokenizer: out of memory");
+    strbuf arena = {0};
+    for (int i = 0; i < n; i++) {
+        kvs_gguf_str str;
+        if ((s = kvs_gguf_arr_str(g, K_TOKENS, (uint64_t)i, &str, err))) goto fail;
+        if (str.len > MAX_PIECE_BYTES) {
+            s = kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: key %s: token %d is %llu bytes long",
+                         K_TOKENS, i, (unsigned long long)str.len);
+            goto fail;
+        }
+        t->piece_off[i] = arena.n;
+        t->piece_len[i] = (uint32_t)str.len;
+        if (sb_append(&arena, str.data, (size_t)str.len)) {
+            s = kvs_fail(err, KVS_ERR_NOMEM, "tokenizer: out of memory");
+            goto fail;
+        }
+        arena.n++; /* keep the NUL */
+        t->scores[i] = f32_from_bits(rd_le32(sc + 4 * (size_t)i));
+        int32_t type = (int32_t)rd_le32(ty + 4 * (size_t)i);
+        if (type < KVS_TOKEN_NORMAL || type > KVS_TOKEN_BYTE) {
+            s = kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: key %s: token %d has invalid type %d",
+                         K_TYPES, i, (int)type);
+            goto fail;
+        }
+        t->types[i] = type;
+        if (isnan(t->scores[i])) {
+            s = kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: key %s: score of token %d is NaN",
+                         K_SCORES, i);
+            goto fail;
+        }
+    }
+    t->pieces = arena.p;
+    arena.p = NULL;
+    if (!t->pieces) {
+        s = kvs_fail(err, KVS_ERR_NOMEM, "tokenizer: out of memory");
+        goto fail;
+    }
+
+    /* SentencePiece/llama defaults when the ids are absent */
+    t->unk = 0;
+    t->bos = n > 1 ? 1 : 0;
+    t->eos = n > 2 ? 2 : 0;
+    if ((s = get_id(g, K_BOS, n, &t->bos, err))) goto fail;
+    if ((s = get_id(g, K_EOS, n, &t->eos, err))) goto fail;
+    if ((s = get_id(g, K_UNK, n, &t->unk, err))) goto fail;
+    if ((s = tok_finish(t, "tokenizer: GGUF vocabulary (" K_TOKENS ", " K_TYPES ")", err))) goto fail;
+    *out = t;
+    return KVS_OK;
+
+fail:
+    free(arena.p);
+    kvs_tokenizer_free(t);
+    return s;
+}
+
+kvs_status kvs_tokenizer_to_gguf(const kvs_tokenizer *t, kvs_gguf_writer *w)
+{
+    if (!t || !w) return KVS_ERR_ARG;
+    size_t n = (size_t)t->n;
+    const char **v = malloc(n * sizeof *v);
+    if (!v) return KVS_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) v[i] = piece_ptr(t, (int)i);
+    kvs_status s = kvs_gguf_set_str(w, K_MODEL, "llama");
+    if (!s) s = kvs_gguf_set_arr_str(w, K_TOKENS, v, n);
+    if (!s) s = kvs_gguf_set_arr_f32(w, K_SCORES, t->scores, n);
+    if (!s) s = kvs_gguf_set_arr_i32(w, K_TYPES, t->types, n);
+    if (!s) s = kvs_gguf_set_u32(w, K_BOS, (uint32_t)t->bos);
+    if (!s) s = kvs_gguf_set_u32(w, K_EOS, (uint32_t)t->eos);
+    if (!s) s = kvs_gguf_set_u32(w, K_UNK, (uint32_t)t->unk);
+    free(v);
+    return s;
+}
+
+/* ---------- accessors ---------- */
+
+int kvs_tokenizer_n_vocab(const kvs_tokenizer *t) { return t ? t->n : 0; }
+int kvs_tokenizer_bos(const kvs_tokenizer *t) { return t ? t->bos : -1; }
+int kvs_tokenizer_eos(const kvs_tokenizer *t) { return t ? t->eos : -1; }
+
+const char *kvs_tokenizer_piece(const kvs_tokenizer *t, int id)
+{
+    if (!t || id < 0 || id >= t->n) return NULL;
+    return piece_ptr(t, id);
+}
+
+float kvs_tokenizer_score(const kvs_tokenizer *t, int id)
+{
+    if (!t || id < 0 || id >= t->n) return 0.0f;
+    return t->scores[id];
+}
+
+int kvs_tokenizer_type(const kvs_tokenizer *t, int id)
+{
+    if (!t || id < 0 || id >= t->n) return 0;
+    return t->types[id];
+}
+
+int kvs_tokenizer_find(const kvs_tokenizer *t, const char *piece)
+{
+    if (!t || !piece) return -1;
+    size_t len = strlen(piece);
+    int32_t id = table_find(t, piece, len);
+    if (id >= 0) return id;
+    for (int i = 0; i < t->n; i++) /* control/byte/unknown pieces are not in the table */
+        if (t->piece_len[i] == len && memcmp(piece_ptr(t, i), piece, len) == 0) return i;
+    return -1;
+}
+
+const char *kvs_tokenizer_decode(const kvs_tokenizer *t, int prev, int id, int *len)
+{
+    if (!t || id < 0 || id >= t->n) {
+        if (len) *len = 0;
+        return "";
+    }
+    const char *p = t->dec + t->dec_off[id];
+    int l = (int)t->dec_len[id];
+    int type = t->types[id];
+    if (prev == t->bos && l > 0 && p[0] == ' ' && type != KVS_TOKEN_BYTE) {
+        p++;
+        l--;
+    }
+    if (len) *len = l;
+    return p;
+}
+
+/* ---------- encoding ---------- */
+
+typedef struct {
+    int32_t id;
+    int start, len; /* bytes of the normalised text */
+    int prev, next; /* -1 at the ends */
+    int mergeable;  /* 0 for byte-fallback symbols */
+} symbol;
+
+typedef struct {
+    float score;
+    int left, right;
+    int llen, rlen;
+    int32_t id;
+} bigram;
+
+/* a ranks above b: higher score, then further left */
+static int bigram_above(const bigram *a, const bigram *b)
+{
+    if (a->score != b->score) return a->score > b->score;
+    return a->left < b->left;
+}
+
+static void heap_push(bigram *h, int *n, bigram v)
+{
+    int i = (*n)++;
+    while (i > 0) {
+        int p = (i - 1) / 2;
+        if (!bigram_above(&v, &h[p])) break;
+        h[i] = h[p];
+        i = p;
+    }
+    h[i] = v;
+}
+
+static bigram heap_pop(bigram *h, int *n)
+{
+    bigram top = h[0];
+    bigram last = h[--(*n)];
+    int i = 0;
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && bigram_above(&h[c + 1], &h[c])) c++;
+        if (!bigram_above(&h[c], &last)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n > 0) h[i] = last;
+    return top;
+}
+
+static void try_pair(const kvs_tokenizer *t, const char *buf, const symbol *sym, int l, bigram *h,
+                     int *nh)
+{
+    if (l < 0) return;
+    int r = sym[l].next;
+    if (r < 0 || !sym[l].mergeable || !sym[r].mergeable) return;
+    int32_t id = table_find(t, buf + sym[l].start, (size_t)sym[l].len + (size_t)sym[r].len);
+    if (id < 0) return;
+    bigram b = {t->scores[id], l, r, sym[l].len, sym[r].len, id};
+    heap_push(h, nh, b);
+}
+
+/* Length of the valid UTF-8 sequence starting at s (n bytes left), or 0 if invalid. */
+static int utf8_len(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0];
+    if (c < 0x80) return 1;
+    int len;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F; /* no surrogates */
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+    } else return 0;
+    if ((size_t)len > n) return 0;
+    if (s[1] < lo || s[1] > hi) return 0;
+    for (int i = 2; i < len; i++)
+        if ((s[i] & 0xC0) != 0x80) return 0;
+    return len;
+}
+
+kvs_status kvs_tokenizer_encode(const kvs_tokenizer *t, const char *text, int add_bos,
+                                int32_t **ids, int *n_ids, kvs_error *err)
+{
+    if (ids) *ids = NULL;
+    if (n_ids) *n_ids = 0;
+    if (!t || !text || !ids || !n_ids)
+        return kvs_fail(err, KVS_ERR_ARG, "tokenizer_encode: NULL argument");
+    size_t tlen = strlen(text);
+    if (tlen > (size_t)(INT_MAX / 4))
+        return kvs_fail(err, KVS_ERR_ARG, "tokenizer_encode: text too long (%zu bytes)", tlen);
+
+    kvs_status s = KVS_OK;
+    strbuf buf = {0};
+    symbol *sym = NULL;
+    bigram *heap = NULL;
+    int nsym = 0;
+
+    if (tlen > 0) {
+        if (sb_reserve(&buf, 3 * tlen + 3)) goto nomem;
+        sb_append(&buf, SPACE_MARK, SPACE_MARK_LEN); /* dummy prefix */
+        for (size_t i = 0; i < tlen; i++) {
+            if (text[i] == ' ') {
+                memcpy(buf.p + buf.n, SPACE_MARK, SPACE_MARK_LEN);
+                buf.n += SPACE_MARK_LEN;
+            } else {
+                buf.p[buf.n++] = text[i];
+            }
+        }
+        buf.p[buf.n] = '\0';
+
+        sym = malloc(buf.n * sizeof *sym); /* at most one symbol per byte */
+        if (!sym) goto nomem;
+        const unsigned char *u = (const unsigned char *)buf.p;
+        for (size_t i = 0; i < buf.n;) {
+            int cl = utf8_len(u + i, buf.n - i);
+            int32_t id = cl > 0 ? table_find(t, buf.p + i, (size_t)cl) : -1;
+            if (id >= 0) {
+                sym[nsym] = (symbol){id, (int)i, cl, nsym - 1, nsym + 1, 1};
+                nsym++;
+                i += (size_t)cl;
+                continue;
+            }
+            int nb = cl > 0 ? cl : 1; /* invalid UTF-8: one byte at a time */
+            for (int k = 0; k < nb; k++) {
+                int32_t bid = t->byte_id[u[i + (size_t)k]];
+                if (bid < 0) bid = t->unk;
+                sym[nsym] = (symbol){bid, (int)(i + (size_t)k), 1, nsym - 1, nsym + 1, 0};
+                nsym++;
+            }
+            i += (size_t)nb;
+        }
+        sym[nsym - 1].next = -1;
+
+        /* each merge removes a symbol and pushes at most two pairs */
+        heap = malloc((size_t)3 * (size_t)nsym * sizeof *heap);
+        if (!heap) goto nomem;
+        int nh = 0;
+        for (int i = 0; i + 1 < nsym; i++) try_pair(t, buf.p, sym, i, heap, &nh);
+        while (nh > 0) {
+            bigram b = heap_pop(heap, &nh);
+            symbol *L = &sym[b.left], *R = &sym[b.right];
+            if (L->len != b.llen || R->len != b.rlen || R->len == 0 || L->next != b.right)
+                continue; /* stale */
+            L->id = b.id;
+            L->len += R->len;
+            L->next = R->next;
+            if (R->next >= 0) sym[R->next].prev = b.left;
+            R->len = 0;
+            try_pair(t, buf.p, sym, L->prev, heap, &nh);
+            try_pair(t, buf.p, sym, b.left, heap, &nh);
+        }
+    }
+
+    int count = add_bos ? 1 : 0;
+    for (int i = 0; i < nsym; i = sym[i].next < 0 ? nsym : sym[i].next) count++;
+    int32_t *outv = malloc((size_t)(count > 0 ? count : 1) * sizeof *outv);
+    if (!outv) goto nomem;
+    int k = 0;
+    if (add_bos) outv[k++] = t->bos;
+    for (int i = 0; i < nsym; i = sym[i].next < 0 ? nsym : sym[i].next) {
+        if (sym[i].id < 0) {
+            free(outv);
+            s = kvs_fail(err, KVS_ERR_ARG,
+                         "tokenizer_encode: byte 0x%02X has no byte token and the vocabulary has "
+                         "no unknown token",
+                         (unsigned char)buf.p[sym[i].start]);
+            goto done;
+        }
+        outv[k++] = sym[i].id;
+    }
+    *ids = outv;
+    *n_ids = k;
+    goto done;
+
+nomem:
+    s = kvs_fail(err, KVS_ERR_NOMEM, "tokenizer_encode: out of memory");
+done:
+    free(buf.p);
+    free(sym);
+    free(heap);
+    return s;
+}

@@ -1,0 +1,49 @@
+/* Shared helpers for the kvslim subcommands: flag parsing, files, timing, messages. */
+#ifndef KVS_CLI_H
+#define KVS_CLI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvslim.h"
+
+/* Exit codes: 0 success, 1 runtime failure (bad file, I/O), 2 bad usage. */
+enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
+
+int cmd_run(int argc, char **argv);
+int cmd_logits(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+/* Prints "kvslim CMD: message" to stderr. */
+void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Flag-value access: returns argv[*i + 1] and advances *i, or prints an error and returns NULL. */
+const char *cli_value(const char *cmd, int argc, char **argv, int *i);
+/* Parse a whole-string number within [min, max]; on error print one naming the flag, return -1. */
+int cli_int(const char *cmd, const char *flag, const char *s, long min, long max, int *out);
+int cli_u64(const char *cmd, const char *flag, const char *s, uint64_t *out);
+int cli_float(const char *cmd, const char *flag, const char *s, double min, double max,
+              float *out);
+/* Unknown flag or stray argument: prints the error and a hint to --help. Returns CLI_USAGE. */
+int cli_bad_arg(const char *cmd, const char *arg);
+
+/* Reads a whole file (NUL-terminated); prints an error naming the path on failure. */
+char *cli_read_file(const char *cmd, const char *path, size_t *len);
+/* Reads one token id per line (blank lines ignored); errors name the path and line. */
+int cli_read_tokens(const char *cmd, const char *path, int32_t **ids, int *n);
+/* Writes data to path via a temporary file and rename(). */
+int cli_write_file(const char *cmd, const char *path, const void *data, size_t len);
+
+double cli_now(void);
+int cli_default_threads(void);
+/* Peak resident set size of this process in bytes. */
+size_t cli_peak_rss(void);
+/* Progress on stderr, only when it is a terminal: "label: done/total". */
+void cli_progress(const char *label, long done, long total);
+void cli_progress_end(void);
+/* Human-readable byte count into buf ("1.50 MiB"). */
+const char *cli_bytes(char *buf, size_t size, double bytes);
+
+#endif

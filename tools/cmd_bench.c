@@ -1,0 +1,256 @@
+/* kvslim bench: prefill and decode speed on a model file or a synthetic model. */
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "core/dtype.h"
+#include "model/llama_write.h"
+
+static const char *const help =
+    "usage: kvslim bench (-m MODEL | --synthetic SHAPE) [options]\n"
+    "\n"
+    "Times a prompt of random tokens (prefill) and then decoding one token at a time.\n"
+    "  -m, --model MODEL     GGUF model\n"
+    "  --synthetic SHAPE     random-weight llama model, SHAPE = comma-separated key=value of\n"
+    "                        dim, hidden, layers, heads, kv_heads, vocab, ctx, type (f32, f16,\n"
+    "                        bf16, q8_0, q4_0); e.g. dim=768,hidden=2048,layers=12,heads=12,\n"
+    "                        kv_heads=12,vocab=512,type=q8_0 (weights N(0, 0.02), seed fixed)\n"
+    "  --save FILE.gguf      with --synthetic: keep the generated model as a GGUF file\n"
+    "  -p, --n-prompt N      prompt tokens (default 512)\n"
+    "  -n, --n-gen N         generated tokens (default 128)\n"
+    "  -t, --threads N       threads (default: online CPUs, at most 8)\n"
+    "  -r, --reps N          repetitions, reported as mean (default 1)\n"
+    "  --json FILE           write the results as JSON (fields: model, threads, n_prompt,\n"
+    "                        n_gen, prefill_tok_s, decode_tok_s, kv_bytes, peak_rss_bytes)\n";
+
+typedef struct shape {
+    kvs_hparams hp;
+    kvs_dtype type;
+} shape;
+
+static int parse_shape(const char *cmd, const char *spec, shape *s)
+{
+    memset(s, 0, sizeof *s);
+    s->hp.dim = 768, s->hp.hidden = 2048, s->hp.n_layers = 12, s->hp.n_heads = 12;
+    s->hp.n_kv_heads = -1, s->hp.vocab = 512, s->hp.ctx = 0;
+    s->type = KVS_F32;
+    char *copy = strdup(spec), *save = NULL;
+    int rc = copy ? 0 : -1;
+    for (char *kv = copy ? strtok_r(copy, ",", &save) : NULL; kv && !rc;
+         kv = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(kv, '=');
+        if (!eq) {
+            cli_error(cmd, "--synthetic: '%s' is not key=value", kv);
+            rc = -1;
+            break;
+        }
+        *eq = 0;
+        const char *key = kv, *val = eq + 1;
+        static const struct {
+            const char *key;
+            size_t off;
+            long max;
+        } ints[] = {
+            {"dim", offsetof(kvs_hparams, dim), 1 << 16},
+            {"hidden", offsetof(kvs_hparams, hidden), 1 << 18},
+            {"layers", offsetof(kvs_hparams, n_layers), 1024},
+            {"heads", offsetof(kvs_hparams, n_heads), 1024},
+            {"kv_heads", offsetof(kvs_hparams, n_kv_heads), 1024},
+            {"vocab", offsetof(kvs_hparams, vocab), 1 << 20},
+            {"ctx", offsetof(kvs_hparams, ctx), 1 << 22},
+        };
+        size_t k;
+        for (k = 0; k < sizeof ints / sizeof ints[0]; k++)
+            if (!strcmp(key, ints[k].key))
+                break;
+        if (k < sizeof ints / sizeof ints[0]) {
+            char flag[64];
+            snprintf(flag, sizeof flag, "--synthetic %s", key);
+            rc = cli_int(cmd, flag, val, 1, ints[k].max, (int *)((char *)&s->hp + ints[k].off));
+        } else if (!strcmp(key, "type")) {
+            if (kvs_dtype_parse(val, &s->type) != 0) {
+                cli_error(cmd, "--synthetic type: unknown type '%s' (f32, f16, bf16, q8_0, "
+                               "q4_0)", val);
+                rc = -1;
+            }
+        } else {
+            cli_error(cmd, "--synthetic: unknown key '%s' (accepted: dim, hidden, layers, "
+                           "heads, kv_heads, vocab, ctx, type)", key);
+            rc = -1;
+        }
+    }
+    free(copy);
+    if (s->hp.n_kv_heads < 0)
+        s->hp.n_kv_heads = s->hp.n_heads;
+    return rc;
+}
+
+static unsigned rand_next(unsigned *state)
+{
+    *state = *state * 1664525u + 1013904223u;
+    return *state >> 8;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    const char *cmd = "bench", *model_path = NULL, *synthetic = NULL, *save = NULL,
+               *json = NULL, *v;
+    int n_prompt = 512, n_gen = 128, threads = cli_default_threads(), reps = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+#define VALUE() (v = cli_value(cmd, argc, argv, &i))
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(help, stdout);
+            return CLI_OK;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            if (!(model_path = VALUE()))
+                return CLI_USAGE;
+        } else if (!strcmp(a, "--synthetic")) {
+            if (!(synthetic = VALUE()))
+                return CLI_USAGE;
+        } else if (!strcmp(a, "--save")) {
+            if (!(save = VALUE()))
+                return CLI_USAGE;
+        } else if (!strcmp(a, "--json")) {
+            if (!(json = VALUE()))
+                return CLI_USAGE;
+        } else if (!strcmp(a, "-p") || !strcmp(a, "--n-prompt")) {
+            if (!VALUE() || cli_int(cmd, a, v, 1, 1 << 22, &n_prompt))
+                return CLI_USAGE;
+        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-gen")) {
+            if (!VALUE() || cli_int(cmd, a, v, 0, 1 << 22, &n_gen))
+                return CLI_USAGE;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            if (!VALUE() || cli_int(cmd, a, v, 1, 256, &threads))
+                return CLI_USAGE;
+        } else if (!strcmp(a, "-r") || !strcmp(a, "--reps")) {
+            if (!VALUE() || cli_int(cmd, a, v, 1, 1000, &reps))
+                return CLI_USAGE;
+        } else {
+            return cli_bad_arg(cmd, a);
+        }
+#undef VALUE
+    }
+    if (!model_path == !synthetic) {
+        cli_error(cmd, "needs exactly one of -m MODEL or --synthetic SHAPE (see --help)");
+        return CLI_USAGE;
+    }
+    if (save && !synthetic) {
+        cli_error(cmd, "--save only applies to --synthetic");
+        return CLI_USAGE;
+    }
+
+    kvs_error err = {0};
+    char tmp_path[4096] = "";
+    const char *label = model_path;
+    if (synthetic) {
+        shape sh;
+        if (parse_shape(cmd, synthetic, &sh) != 0)
+            return CLI_USAGE;
+        if (sh.hp.ctx == 0)
+            sh.hp.ctx = n_prompt + n_gen > 2048 ? n_prompt + n_gen : 2048;
+        if (!save) {
+            const char *dir = getenv("TMPDIR");
+            snprintf(tmp_path, sizeof tmp_path, "%s/kvslim-synthetic-%d.gguf",
+                     dir && *dir ? dir : "/tmp", (int)getpid());
+        }
+        model_path = save ? save : tmp_path;
+        label = synthetic;
+        if (isatty(STDERR_FILENO))
+            fprintf(stderr, "writing synthetic model %s ...\n", model_path);
+        if (kvs_synthetic_write(&sh.hp, sh.type, 1234, model_path, stderr, &err) != KVS_OK) {
+            cli_error(cmd, "%s", err.msg);
+            return CLI_FAIL;
+        }
+    }
+    kvs_model *m = NULL;
+    kvs_session *s = NULL;
+    int32_t *tokens = NULL;
+    int rc = CLI_FAIL;
+    kvs_status st = kvs_model_load(model_path, &m, &err);
+    if (tmp_path[0])
+        unlink(tmp_path); /* the mapping stays valid */
+    if (st != KVS_OK)
+        goto fail;
+    kvs_model_info info;
+    kvs_model_get_info(m, &info);
+    if (n_prompt + n_gen > info.n_ctx) {
+        snprintf(err.msg, sizeof err.msg,
+                 "-p %d plus -n %d exceed the model's context of %d tokens", n_prompt, n_gen,
+                 info.n_ctx);
+        goto fail;
+    }
+    kvs_session_params params = kvs_session_default_params();
+    params.n_threads = threads;
+    if (kvs_session_new(m, &params, &s, &err) != KVS_OK)
+        goto fail;
+    if (!(tokens = malloc(sizeof(int32_t) * (size_t)(n_prompt + n_gen)))) {
+        snprintf(err.msg, sizeof err.msg, "out of memory");
+        goto fail;
+    }
+    unsigned state = 7;
+    for (int i = 0; i < n_prompt + n_gen; i++)
+        tokens[i] = (int32_t)(rand_next(&state) % (unsigned)info.n_vocab);
+
+    /* Warm-up: page in the weights and grow the buffers. */
+    int warm = n_prompt < 32 ? n_prompt : 32;
+    if (kvs_session_eval(s, tokens, warm, NULL, 0, &err) != KVS_OK)
+        goto fail;
+    double sum_prefill = 0, sum_decode = 0;
+    size_t kv_bytes = 0;
+    for (int r = 0; r < reps; r++) {
+        kvs_session_reset(s);
+        cli_progress("prefill", r, reps);
+        double t0 = cli_now();
+        if (kvs_session_eval(s, tokens, n_prompt, NULL, 0, &err) != KVS_OK)
+            goto fail;
+        double t1 = cli_now();
+        for (int g = 0; g < n_gen; g++) {
+            cli_progress("decode", g, n_gen);
+            if (kvs_session_eval(s, tokens + n_prompt + g, 1, NULL, 0, &err) != KVS_OK)
+                goto fail;
+        }
+        double t2 = cli_now();
+        sum_prefill += n_prompt / (t1 - t0);
+        if (n_gen)
+            sum_decode += n_gen / (t2 - t1);
+        kv_bytes = kvs_session_kv_bytes(s);
+    }
+    cli_progress_end();
+    double prefill = sum_prefill / reps, decode = sum_decode / reps;
+    size_t rss = cli_peak_rss();
+    char kvb[32], rssb[32], wb[32];
+    printf("| model | params | weights | threads | n_prompt | n_gen | prefill tok/s | "
+           "decode tok/s | KV bytes | peak RSS |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("| %s | %.1fM | %s %s | %d | %d | %d | %.1f | %.1f | %s | %s |\n", label,
+           info.n_params / 1e6, info.weight_type, cli_bytes(wb, sizeof wb, (double)info.weight_bytes),
+           threads, n_prompt, n_gen, prefill, decode, cli_bytes(kvb, sizeof kvb, (double)kv_bytes),
+           cli_bytes(rssb, sizeof rssb, (double)rss));
+    if (json) {
+        char buf[2048];
+        int len = snprintf(buf, sizeof buf,
+                           "{\"model\": \"%s\", \"weight_type\": \"%s\", \"n_params\": %lld, "
+                           "\"threads\": %d, \"n_prompt\": %d, \"n_gen\": %d, "
+                           "\"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f, \"kv_bytes\": %zu, "
+                           "\"peak_rss_bytes\": %zu}\n",
+                           label, info.weight_type, (long long)info.n_params, threads, n_prompt,
+                           n_gen, prefill, decode, kv_bytes, rss);
+        if (cli_write_file(cmd, json, buf, (size_t)len) != 0) {
+            err.msg[0] = 0;
+            goto fail;
+        }
+    }
+    rc = CLI_OK;
+fail:
+    cli_progress_end();
+    if (rc != CLI_OK && err.msg[0])
+        cli_error(cmd, "%s", err.msg);
+    free(tokens);
+    kvs_session_free(s);
+    kvs_model_free(m);
+    return rc;
+}
