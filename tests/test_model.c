@@ -55,6 +55,10 @@ static kvs_status write_model(const char *path, const defect *d)
     kvs_gguf_set_str(w, "tokenizer.ggml.model", "llama");
     kvs_gguf_set_arr_str(w, "tokenizer.ggml.tokens", pieces, VOCAB);
     kvs_gguf_set_arr_f32(w, "tokenizer.ggml.scores", zeros, VOCAB);
+    int32_t types[VOCAB];
+    for (int i = 0; i < VOCAB; i++)
+        types[i] = i < 3 ? 3 : 1;
+    kvs_gguf_set_arr_i32(w, "tokenizer.ggml.token_type", types, VOCAB);
     kvs_gguf_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
     kvs_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
     add(w, d, "token_embd.weight", VOCAB, DIM);

@@ -206,8 +206,8 @@ kvs_status kvs_llama_from_gguf(kvs_gguf *g, const char *path, struct kvs_model *
         /* Prefix the message with the path so the user knows which file is at fault. */
         if (err) {
             char tmp[sizeof err->msg];
-            snprintf(tmp, sizeof tmp, "%s: %s", path, err->msg);
-            memcpy(err->msg, tmp, sizeof tmp);
+            memcpy(tmp, err->msg, sizeof tmp);
+            kvs_fail(err, st, "%s: %.400s", path, tmp);
         }
         kvs_llama_free(m);
         return st;
