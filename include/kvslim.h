@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -58,10 +59,18 @@ const char *kvs_token_text(const kvs_model *m, int prev, int id, int *len);
 typedef struct kvs_session kvs_session;
 
 typedef struct kvs_session_params {
-    int n_threads; /* >= 1 */
-    int n_ctx;     /* 0 = the model's trained context */
-    int chunk;     /* prompt tokens per forward batch; 0 = 512 */
+    int n_threads;         /* >= 1 */
+    int n_ctx;             /* 0 = the model's trained context */
+    int chunk;             /* prompt tokens per forward batch; 0 = 512 */
+    const char *kv_policy; /* "NAME[:key=value,...]" (see kvs_kv_policy_help); NULL = full */
+    const char *kv_type;   /* KV storage: "f32" (NULL, the default) or "f16" */
+    int measure_recall;    /* keep a shadow of every key to measure attention recall */
 } kvs_session_params;
+
+/* Lists the KV policies and their parameters. */
+void kvs_kv_policy_help(FILE *f);
+/* Checks a policy spec without a model; errors list what is accepted. */
+kvs_status kvs_kv_policy_check(const char *spec, kvs_error *err);
 
 kvs_session_params kvs_session_default_params(void);
 kvs_status kvs_session_new(const kvs_model *m, const kvs_session_params *p, kvs_session **out,
@@ -69,14 +78,25 @@ kvs_status kvs_session_new(const kvs_model *m, const kvs_session_params *p, kvs_
 void kvs_session_free(kvs_session *s);
 /* Forgets every token (keeps allocations). */
 void kvs_session_reset(kvs_session *s);
-/* Feeds n tokens at the next positions, in batches of the chunk size. If logits is non-NULL it
- * receives n x n_vocab floats when all_logits, else the n_vocab logits of the last token. */
+/* Feeds n tokens at the next positions. The first call after creation or reset is the prompt:
+ * it is processed in batches of the chunk size and the KV policy compresses it by its rule;
+ * later calls are decode steps, one token at a time. If logits is non-NULL it receives
+ * n x n_vocab floats when all_logits, else the n_vocab logits of the last token. */
 kvs_status kvs_session_eval(kvs_session *s, const int32_t *tokens, int n, float *logits,
                             int all_logits, kvs_error *err);
 int kvs_session_n_past(const kvs_session *s);
 /* Bytes held by the KV cache now, and bytes a full F16 cache of the same tokens would hold. */
 size_t kvs_session_kv_bytes(const kvs_session *s);
 size_t kvs_session_kv_bytes_full_f16(const kvs_session *s);
+/* Largest KV bytes held at any point since the last reset. */
+size_t kvs_session_kv_peak_bytes(const kvs_session *s);
+
+typedef struct kvs_step_stats {
+    double slots_attended; /* mean per layer and query head, last decode step */
+    double attn_recall;    /* share of full-cache attention mass on attended slots (needs
+                              measure_recall; else 1) */
+} kvs_step_stats;
+void kvs_session_last_step(const kvs_session *s, kvs_step_stats *st);
 
 #ifdef __cplusplus
 }

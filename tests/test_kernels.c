@@ -398,44 +398,52 @@ static void check_matmul_case(kvs_pool **pools, int n_pools, kvs_dtype wt, int n
     if (quant)
         ref_matmul_qx(yq, yqa, x, w, wt, n_rows, n_in, n_out);
 
+    /* per-output tolerances: sum |x w| (float rounding) and the x-quantisation error bound
+     * sum |w| * amax(x block) / 254 (|x - deq(q(x))| <= d / 2, d = amax / 127) */
+    double *sabs = malloc((size_t)n_rows * n_out * sizeof(double));
+    double *qerr = malloc((size_t)n_rows * n_out * sizeof(double));
+    float *bmax = malloc((size_t)(n_in / 32 + 1) * sizeof(float));
+    for (int r = 0; r < n_rows; r++) {
+        const float *xr = x + (size_t)r * n_in;
+        for (int k = 0; k < n_in; k += 32) {
+            float m = 0;
+            for (int j = 0; j < 32 && k + j < n_in; j++)
+                m = fabsf(xr[k + j]) > m ? fabsf(xr[k + j]) : m;
+            bmax[k / 32] = m;
+        }
+        for (int o = 0; o < n_out; o++) {
+            const float *wr = wdq + (size_t)o * n_in;
+            double sa = 0, qe = 0;
+            for (int k = 0; k < n_in; k++) {
+                sa += fabs((double)xr[k] * wr[k]);
+                qe += fabs((double)wr[k]) * bmax[k / 32] / 254.0;
+            }
+            sabs[(size_t)r * n_out + o] = sa;
+            qerr[(size_t)r * n_out + o] = qe;
+        }
+    }
     for (int p = 0; p < n_pools; p++) {
         for (int i = 0; i < n_rows * n_out; i++)
             y[i] = NAN;
         kvs_matmul(pools[p], y, x, w, wt, n_rows, n_in, n_out);
         int bad = 0;
         double worst = 0;
-        for (int r = 0; r < n_rows; r++) {
-            const float *xr = x + (size_t)r * n_in;
-            for (int o = 0; o < n_out; o++) {
-                const size_t i = (size_t)r * n_out + o;
-                const float *wr = wdq + (size_t)o * n_in;
-                double sabs = 0, qerr = 0;
-                float amax = 0;
-                for (int k = 0; k < n_in; k++) {
-                    sabs += fabs((double)xr[k] * wr[k]);
-                    if (k % 32 == 0) {
-                        amax = 0;
-                        for (int j = 0; j < 32 && k + j < n_in; j++)
-                            amax = fmaxf(amax, fabsf(xr[k + j]));
-                    }
-                    qerr += fabs((double)wr[k]) * amax / 254.0; /* |x - deq(q(x))| <= d/2 */
-                }
-                double err;
-                if (!quant) {
-                    err = fabs((double)y[i] - yr[i]);
-                    if (!(err <= 1e-5 * sabs + 1e-30))
-                        bad++;
-                } else {
-                    err = fabs((double)y[i] - yq[i]); /* same quantised x: float rounding only */
-                    if (!(err <= 1e-5 * yqa[i] + 1e-30))
-                        bad++;
-                    /* against fp32 x: bounded by the x quantisation error */
-                    if (!(fabs((double)y[i] - yr[i]) <= qerr * 1.01 + 1e-5 * sabs + 1e-30))
-                        bad++;
-                }
-                if (err > worst || err != err)
-                    worst = err;
+        for (size_t i = 0; i < (size_t)n_rows * n_out; i++) {
+            double err;
+            if (!quant) {
+                err = fabs((double)y[i] - yr[i]);
+                if (!(err <= 1e-5 * sabs[i] + 1e-30))
+                    bad++;
+            } else {
+                err = fabs((double)y[i] - yq[i]); /* same quantised x: float rounding only */
+                if (!(err <= 1e-5 * yqa[i] + 1e-30))
+                    bad++;
+                /* against fp32 x: bounded by the x quantisation error */
+                if (!(fabs((double)y[i] - yr[i]) <= qerr[i] * 1.01 + 1e-5 * sabs[i] + 1e-30))
+                    bad++;
             }
+            if (err > worst || err != err)
+                worst = err;
         }
         CHECKF(bad == 0, "matmul %s rows=%d in=%d out=%d threads=%d: %d bad (worst abs err %g)",
                kvs_dtype_name(wt), n_rows, n_in, n_out, pools[p] ? kvs_pool_size(pools[p]) : 0, bad,
@@ -450,6 +458,9 @@ static void check_matmul_case(kvs_pool **pools, int n_pools, kvs_dtype wt, int n
     free(yq);
     free(yqa);
     free(wdq);
+    free(sabs);
+    free(qerr);
+    free(bmax);
 }
 
 static void test_matmul(void)
@@ -457,7 +468,7 @@ static void test_matmul(void)
     kvs_pool *pools[4] = {NULL, kvs_pool_create(1), kvs_pool_create(2), kvs_pool_create(3)};
     CHECK(pools[1] && pools[2] && pools[3]);
     const kvs_dtype types[] = {KVS_F32, KVS_F16, KVS_BF16, KVS_Q8_0, KVS_Q4_0};
-    const int rows[] = {1, 2, 3, 4, 5, 17, 64};
+    const int rows[] = {1, 2, 3, 4, 5, 6, 17, 64};
     const int ins[] = {32, 64, 172, 768};
     const int outs[] = {1, 5, 32, 33, 172};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
@@ -480,6 +491,9 @@ static void test_matmul(void)
         check_matmul_case(pools + 2, 1, types[t], 70, 544, 130, 1);
     }
     check_matmul_case(pools + 1, 3, KVS_F32, 7, 3, 9, 0);   /* n_in < 16 */
+    check_matmul_case(pools + 1, 3, KVS_F32, 9, 1100, 50, 0); /* k-chunked panels */
+    check_matmul_case(pools + 2, 2, KVS_F16, 12, 2100, 17, 0);
+    check_matmul_case(pools + 2, 2, KVS_BF16, 8, 3000, 49, 0);
     check_matmul_case(pools + 1, 3, KVS_F16, 6, 17, 4, 0);
     check_matmul_case(pools + 1, 3, KVS_BF16, 1, 1, 3, 0);
 

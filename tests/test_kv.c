@@ -4,7 +4,8 @@
 
 #include "check.h"
 #include "core/threadpool.h"
-#include "kv/kv_cache.h"
+#include "kv/attention.h"
+#include "kv/kv_store.h"
 
 static unsigned rng = 12345;
 static float frand(void)
@@ -48,8 +49,9 @@ int main(void)
                     vals[l][t][h][i] = frand();
                 }
     for (int threads = 1; threads <= 3; threads++) {
-        kvs_kv_config cfg = {LAYERS, KV_HEADS, HD, T};
-        kvs_kv *kv = kvs_kv_new(&cfg);
+        kvs_store_config cfg = {LAYERS, KV_HEADS, HD, T, KVS_F32, 1};
+        kvs_store *kv = kvs_store_new(&cfg);
+        kvs_attn_scratch *sc = kvs_attn_scratch_new();
         kvs_pool *pool = kvs_pool_create(threads);
         kvs_error err = {0};
         /* Append in uneven chunks and attend each chunk causally, as prefill does. */
@@ -67,10 +69,11 @@ int main(void)
                         q[i][h][d] = 2 * frand();
             }
             for (int l = 0; l < LAYERS; l++) {
-                CHECK(kvs_kv_append(kv, l, n, &keys[l][pos][0][0], &vals[l][pos][0][0], qpos,
+                CHECK(kvs_store_append(kv, l, n, &keys[l][pos][0][0], &vals[l][pos][0][0], qpos,
                                     &err) == KVS_OK);
-                CHECK(kvs_kv_attend(kv, pool, l, n, HEADS, &q[0][0][0], qpos, &out[0][0][0],
-                                    &err) == KVS_OK);
+                kvs_attn_args a = {.store = kv, .layer = l, .n_heads = HEADS, .n = n,
+                                   .q = &q[0][0][0], .qpos = qpos, .out = &out[0][0][0]};
+                CHECK(kvs_attention(pool, sc, &a, &err) == KVS_OK);
                 for (int i = 0; i < n; i++)
                     for (int h = 0; h < HEADS; h++) {
                         double ref[HD];
@@ -85,18 +88,18 @@ int main(void)
             pos += n;
         }
         CHECKF(worst < 1e-5, "threads %d: max error %g", threads, worst);
-        CHECK(kvs_kv_count(kv, 1, 1) == T);
-        CHECK(kvs_kv_bytes(kv) == (size_t)LAYERS * KV_HEADS * T * (2 * HD * 4 + 4));
-        CHECK(kvs_kv_bytes_full_f16(kv, T) == (size_t)LAYERS * KV_HEADS * T * HD * 2 * 2);
+        CHECK(kvs_store_count(kv, 1, 1) == T);
+        CHECK(kvs_store_bytes(kv) == (size_t)LAYERS * KV_HEADS * T * (2 * HD * 4 + 4 + 4));
         /* The context is a hard limit. */
         int32_t p = T;
-        CHECK(kvs_kv_append(kv, 0, 1, &keys[0][0][0][0], &vals[0][0][0][0], &p, &err) ==
+        CHECK(kvs_store_append(kv, 0, 1, &keys[0][0][0][0], &vals[0][0][0][0], &p, &err) ==
               KVS_ERR_ARG);
         CHECK(strstr(err.msg, "KV cache full") != NULL);
-        kvs_kv_clear(kv);
-        CHECK(kvs_kv_count(kv, 0, 0) == 0 && kvs_kv_bytes(kv) == 0);
+        kvs_store_clear(kv);
+        CHECK(kvs_store_count(kv, 0, 0) == 0 && kvs_store_bytes(kv) == 0);
+        kvs_attn_scratch_free(sc);
         kvs_pool_destroy(pool);
-        kvs_kv_free(kv);
+        kvs_store_free(kv);
     }
     return check_summary("kv");
 }

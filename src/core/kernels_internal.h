@@ -13,10 +13,9 @@
 #define KVS_NOINLINE
 #endif
 
-/* The AVX-512 matmul paths need F + BW + VL (+ VNNI for the integer kernels, F16C-equivalent
- * conversions are part of AVX512F). */
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) &&                 \
-    defined(__AVX512DQ__)
+/* The AVX-512 paths need F + BW + VL (+ VNNI for the integer kernels; the fp16 conversions
+ * are part of AVX512F). */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define KVS_AVX512 1
 #else
 #define KVS_AVX512 0

@@ -4,7 +4,7 @@
 
 #include "core/kernels.h"
 #include "core/threadpool.h"
-#include "kv/kv_cache.h"
+#include "kv/kv.h"
 #include "model/forward.h"
 #include "model/llama.h"
 
@@ -102,11 +102,18 @@ kvs_status kvs_session_new(const kvs_model *m, const kvs_session_params *p, kvs_
         s->params.chunk = 512;
     if (s->params.chunk > s->params.n_ctx)
         s->params.chunk = s->params.n_ctx;
-    kvs_kv_config cfg = {m->hp.n_layers, m->hp.n_kv_heads, m->hp.head_dim, s->params.n_ctx};
-    s->pool = kvs_pool_create(p->n_threads);
-    s->kv = kvs_kv_new(&cfg);
-    kvs_status st = (s->pool && s->kv) ? KVS_OK
-                                       : kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
+    kvs_kv_config cfg = {m->hp.n_layers, m->hp.n_heads, m->hp.n_kv_heads, m->hp.head_dim,
+                         s->params.n_ctx, KVS_F32, p->measure_recall};
+    kvs_status st = KVS_OK;
+    kvs_policy_spec spec;
+    if (p->kv_type && kvs_dtype_parse(p->kv_type, &cfg.type) != 0)
+        st = kvs_fail(err, KVS_ERR_ARG, "--kv-type: unknown type '%s' (f32 or f16)", p->kv_type);
+    if (st == KVS_OK && p->kv_policy)
+        st = kvs_policy_parse(p->kv_policy, &spec, err);
+    if (st == KVS_OK)
+        st = kvs_kv_new(&cfg, p->kv_policy ? &spec : NULL, &s->kv, err);
+    if (st == KVS_OK && !(s->pool = kvs_pool_create(p->n_threads)))
+        st = kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
     if (st == KVS_OK)
         st = kvs_forward_buf_init(&s->buf, &m->hp, s->params.chunk, err);
     if (st != KVS_OK) {
@@ -129,7 +136,7 @@ void kvs_session_free(kvs_session *s)
 
 void kvs_session_reset(kvs_session *s)
 {
-    kvs_kv_clear(s->kv);
+    kvs_kv_reset(s->kv);
     s->n_past = 0;
 }
 
@@ -148,8 +155,14 @@ kvs_status kvs_session_eval(kvs_session *s, const int32_t *tokens, int n, float 
             return kvs_fail(err, KVS_ERR_ARG,
                             "token id %d (at index %d) is outside the vocabulary [0, %d)",
                             tokens[i], i, vocab);
+    int prompt = s->n_past == 0;
+    if (prompt) {
+        kvs_status st = kvs_kv_begin_prompt(s->kv, n, err);
+        if (st != KVS_OK)
+            return st;
+    }
     for (int done = 0; done < n;) {
-        int batch = n - done < s->buf.cap ? n - done : s->buf.cap;
+        int batch = !prompt ? 1 : n - done < s->buf.cap ? n - done : s->buf.cap;
         int last = done + batch == n;
         float *out = NULL;
         if (logits && all_logits)
@@ -167,6 +180,23 @@ kvs_status kvs_session_eval(kvs_session *s, const int32_t *tokens, int n, float 
 }
 
 int kvs_session_n_past(const kvs_session *s) { return s->n_past; }
+size_t kvs_session_kv_peak_bytes(const kvs_session *s) { return kvs_kv_peak_bytes(s->kv); }
+
+void kvs_session_last_step(const kvs_session *s, kvs_step_stats *st)
+{
+    kvs_kv_step_stats k;
+    kvs_kv_last_step(s->kv, &k);
+    st->slots_attended = k.slots_attended;
+    st->attn_recall = k.attn_recall;
+}
+
+void kvs_kv_policy_help(FILE *f) { kvs_policy_help(f); }
+
+kvs_status kvs_kv_policy_check(const char *spec, kvs_error *err)
+{
+    kvs_policy_spec parsed;
+    return kvs_policy_parse(spec, &parsed, err);
+}
 size_t kvs_session_kv_bytes(const kvs_session *s) { return kvs_kv_bytes(s->kv); }
 size_t kvs_session_kv_bytes_full_f16(const kvs_session *s)
 {

@@ -83,9 +83,7 @@ kvs_status kvs_forward(const struct kvs_model *m, kvs_pool *pool, kvs_kv *kv,
             kvs_rope(b->k + (size_t)i * L->wk.rows, hp->n_kv_heads, hp->head_dim, hp->rot_dim,
                      b->pos[i], hp->rope_base, hp->rope_neox);
         }
-        kvs_status st = kvs_kv_append(kv, l, n, b->k, b->v, b->pos, err);
-        if (st == KVS_OK)
-            st = kvs_kv_attend(kv, pool, l, n, hp->n_heads, b->q, b->pos, b->att, err);
+        kvs_status st = kvs_kv_layer(kv, pool, l, n, b->q, b->k, b->v, b->pos, b->att, err);
         if (st != KVS_OK)
             return st;
         matmul(pool, b->xb, b->att, &L->wo, n);
@@ -101,6 +99,7 @@ kvs_status kvs_forward(const struct kvs_model *m, kvs_pool *pool, kvs_kv *kv,
         add_rows(b->x, b->xb, (size_t)n * dim);
     }
 
+    kvs_kv_end_batch(kv, n);
     if (!logits)
         return KVS_OK;
     int first = all_logits ? 0 : n - 1;

@@ -4,7 +4,7 @@
 #define KVS_FORWARD_H
 
 #include "core/threadpool.h"
-#include "kv/kv_cache.h"
+#include "kv/kv.h"
 #include "model/llama.h"
 
 /* Activation buffers for batches of up to cap tokens. */

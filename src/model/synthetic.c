@@ -45,7 +45,8 @@ kvs_status kvs_synthetic_write(const kvs_hparams *hp_in, kvs_dtype type, uint64_
     const size_t dim = (size_t)hp.dim, kv_dim = (size_t)hp.n_kv_heads * hp.head_dim,
                  hidden = (size_t)hp.hidden;
     const size_t per_layer = 2 * dim + 2 * dim * dim + 2 * dim * kv_dim + 3 * dim * hidden;
-    const size_t total = (size_t)hp.vocab * dim + dim + per_layer * (size_t)hp.n_layers;
+    /* Untied embedding and classifier, as most llama models have. */
+    const size_t total = 2 * (size_t)hp.vocab * dim + dim + per_layer * (size_t)hp.n_layers;
     float *w = malloc(total * sizeof(float));
     kvs_llama_src_layer *layers = calloc((size_t)hp.n_layers, sizeof *layers);
     if (!w || !layers) {
@@ -57,8 +58,10 @@ kvs_status kvs_synthetic_write(const kvs_hparams *hp_in, kvs_dtype type, uint64_
     float *p = w;
     kvs_llama_src src = {.hp = hp, .name = "synthetic", .layers = layers};
 #define TAKE(n) (p += (n), p - (n))
-    src.tok_embd = TAKE((size_t)hp.vocab * dim);
-    fill_normal((float *)src.tok_embd, (size_t)hp.vocab * dim, 0.02f, &s);
+    float *emb = TAKE(2 * (size_t)hp.vocab * dim);
+    fill_normal(emb, 2 * (size_t)hp.vocab * dim, 0.02f, &s);
+    src.tok_embd = emb;
+    src.output = emb + (size_t)hp.vocab * dim;
     float *norm = TAKE(dim);
     for (size_t i = 0; i < dim; i++)
         norm[i] = 1.0f;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every bad input exits non-zero with a message naming the problem, and never crashes.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/lib.bash"
 GGUF=$MODELS/gguf/stories260K-f32.gguf
 TOKENS=$GOLDEN/stories260K-greedy-512.tokens
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kvslim logits matches the golden fp32 logits to 1e-4 at every position, for our converted
 # F32 GGUF and for llama.cpp's, in one batch and in chunks of 64.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/lib.bash"
 convert_model f32 "$TMP/ours-f32.gguf"
 for model in "$TMP/ours-f32.gguf" "$MODELS/gguf/stories260K-f32.gguf"; do
   for set in greedy sample; do

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Greedy generation reproduces the golden text: 196 tokens from "Once upon a time".
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/lib.bash"
 convert_model f32 "$TMP/ours-f32.gguf"
 for model in "$MODELS/gguf/stories260K-f32.gguf" "$TMP/ours-f32.gguf" \
              "$MODELS/gguf/stories260K-f16.gguf"; do

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Quantised models against the golden fp32 logits: top-1 agreement >= 99.5% (F16), >= 98%
 # (Q8_0); BF16 and Q4_0 are reported. Both token files, ours and llama.cpp's GGUFs.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/lib.bash"
 cat_tokens() { cat "$GOLDEN/stories260K-greedy-512.tokens" "$GOLDEN/stories260K-sample-512.tokens"; }
 for type in f16 bf16 q8_0 q4_0; do convert_model "$type" "$TMP/ours-$type.gguf"; done
 check() { # model min_top1 label

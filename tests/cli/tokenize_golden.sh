@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Tokenizing the golden greedy text reproduces the golden token ids after BOS.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/lib.bash"
 convert_model f32 "$TMP/ours-f32.gguf"
 head -c -1 "$GOLDEN/stories260K-greedy-512.txt" >"$TMP/text" # drop the file's final newline
 tail -n +2 "$GOLDEN/stories260K-greedy-512.tokens" >"$TMP/want"

@@ -1,0 +1,155 @@
+#include "kv/attention.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/kernels.h"
+
+/* Per-thread buffers: a score row, f32 copies of F16 rows, and a partial column-sum block. */
+struct kvs_attn_scratch {
+    float *buf;
+    size_t per_thread; /* floats */
+    int n_threads;
+};
+
+kvs_attn_scratch *kvs_attn_scratch_new(void) { return calloc(1, sizeof(kvs_attn_scratch)); }
+
+void kvs_attn_scratch_free(kvs_attn_scratch *sc)
+{
+    if (!sc)
+        return;
+    free(sc->buf);
+    free(sc);
+}
+
+typedef struct task {
+    const kvs_attn_args *a;
+    kvs_attn_scratch *sc;
+    int hd, group, max_count;
+    size_t colsum_off, kbuf_off;
+} task;
+
+/* Dot products with keys stored as F32 or F16. */
+static void scores_row(const kvs_store *s, int layer, int kvh, const float *q, const int *sel,
+                       int n, float scale, float *scores, float *tmp)
+{
+    const int hd = kvs_store_cfg(s)->head_dim;
+    const int f16 = kvs_store_cfg(s)->type == KVS_F16;
+    const char *keys = kvs_store_keys(s, layer, kvh);
+    const size_t row = (size_t)hd * (f16 ? 2 : 4);
+    for (int j = 0; j < n; j++) {
+        int slot = sel ? sel[j] : j;
+        const float *k = (const float *)(keys + (size_t)slot * row);
+        if (f16) {
+            kvs_dequantize_row(KVS_F16, keys + (size_t)slot * row, tmp, hd);
+            k = tmp;
+        }
+        scores[j] = kvs_dot_f32(q, k, hd) * scale;
+    }
+}
+
+static void weighted_values(const kvs_store *s, int layer, int kvh, const float *p,
+                            const int *sel, int n, float *out, float *tmp)
+{
+    const int hd = kvs_store_cfg(s)->head_dim;
+    const int f16 = kvs_store_cfg(s)->type == KVS_F16;
+    const char *values = kvs_store_values(s, layer, kvh);
+    const size_t row = (size_t)hd * (f16 ? 2 : 4);
+    memset(out, 0, sizeof(float) * hd);
+    for (int j = 0; j < n; j++) {
+        int slot = sel ? sel[j] : j;
+        const float *v = (const float *)(values + (size_t)slot * row);
+        if (f16) {
+            kvs_dequantize_row(KVS_F16, values + (size_t)slot * row, tmp, hd);
+            v = tmp;
+        }
+        kvs_axpy_f32(out, p[j], v, hd);
+    }
+}
+
+static void worker(void *ctx, int ith, int nth)
+{
+    task *t = ctx;
+    const kvs_attn_args *a = t->a;
+    const kvs_store *s = a->store;
+    const int hd = t->hd;
+    float *base = t->sc->buf + (size_t)ith * t->sc->per_thread;
+    float *scores = base, *tmp = base + t->kbuf_off, *colsum = base + t->colsum_off;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int n_tasks = a->n * a->n_heads;
+    if (a->colsum)
+        memset(colsum, 0, sizeof(float) * (size_t)a->n_heads * t->max_count);
+    /* Interleaved assignment balances the causal rows, whose lengths grow with i. */
+    for (int task_id = ith; task_id < n_tasks; task_id += nth) {
+        const int i = task_id / a->n_heads, h = task_id % a->n_heads, kvh = h / t->group;
+        const size_t off = ((size_t)i * a->n_heads + h) * hd;
+        const int *sel = a->sel ? a->sel[kvh] : NULL;
+        int n;
+        if (sel) {
+            n = a->n_sel[kvh];
+        } else {
+            /* Slots are sorted by position, so the visible ones are a prefix. */
+            const int32_t *pos = kvs_store_pos(s, a->layer, kvh);
+            n = kvs_store_count(s, a->layer, kvh);
+            while (n > 0 && pos[n - 1] > a->qpos[i])
+                n--;
+        }
+        if (n == 0) {
+            memset(a->out + off, 0, sizeof(float) * hd);
+            continue;
+        }
+        scores_row(s, a->layer, kvh, a->q + off, sel, n, scale, scores, tmp);
+        kvs_softmax(scores, n);
+        weighted_values(s, a->layer, kvh, scores, sel, n, a->out + off, tmp);
+        if (a->probs)
+            memcpy(a->probs + (size_t)h * a->probs_stride, scores, sizeof(float) * n);
+        if (a->colsum && a->row_mask[i])
+            kvs_axpy_f32(colsum + (size_t)h * t->max_count, 1.0f, scores, n);
+    }
+}
+
+static void reduce_colsum(const kvs_attn_args *a, const kvs_attn_scratch *sc, const task *t,
+                          int nth)
+{
+    for (int th = 0; th < nth; th++) {
+        const float *part = sc->buf + (size_t)th * sc->per_thread + t->colsum_off;
+        for (int h = 0; h < a->n_heads; h++) {
+            int count = kvs_store_count(a->store, a->layer, h / t->group);
+            kvs_axpy_f32(a->colsum + (size_t)h * a->colsum_stride, 1.0f,
+                         part + (size_t)h * t->max_count, count);
+        }
+    }
+}
+
+kvs_status kvs_attention(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_attn_args *a,
+                         kvs_error *err)
+{
+    const kvs_store_config *cfg = kvs_store_cfg(a->store);
+    task t = {.a = a, .sc = sc, .hd = cfg->head_dim, .group = a->n_heads / cfg->n_kv_heads};
+    t.max_count = 1;
+    for (int h = 0; h < cfg->n_kv_heads; h++) {
+        int c = kvs_store_count(a->store, a->layer, h);
+        if (c > t.max_count)
+            t.max_count = c;
+    }
+    t.kbuf_off = (size_t)t.max_count;
+    t.colsum_off = t.kbuf_off + (size_t)t.hd;
+    size_t per_thread = t.colsum_off + (a->colsum ? (size_t)a->n_heads * t.max_count : 0);
+    per_thread = (per_thread + 15) & ~(size_t)15;
+    int nth = kvs_pool_size(pool);
+    if (per_thread > sc->per_thread || nth > sc->n_threads) {
+        size_t want = per_thread > sc->per_thread ? per_thread + per_thread / 2 : sc->per_thread;
+        float *buf = malloc(sizeof(float) * want * (size_t)nth);
+        if (!buf)
+            return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for attention scratch");
+        free(sc->buf);
+        sc->buf = buf;
+        sc->per_thread = want;
+        sc->n_threads = nth;
+    }
+    kvs_pool_run(pool, worker, &t);
+    if (a->colsum)
+        reduce_colsum(a, sc, &t, nth);
+    return KVS_OK;
+}

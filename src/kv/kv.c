@@ -1,0 +1,402 @@
+#include "kv/kv.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv/attention.h"
+#include "policies/policies.h"
+
+struct kvs_kv {
+    kvs_kv_config cfg;
+    kvs_store *store;
+    kvs_store *shadow; /* eval mode: every key, never evicted */
+    kvs_policy policy;
+    int started;       /* policy->start ran for the current prompt */
+    int prompt_left;   /* prompt tokens not yet processed */
+    kvs_attn_scratch *scratch;
+
+    uint8_t *row_mask;
+    size_t row_mask_cap;
+    float *fbuf; /* colsum or probs */
+    size_t fbuf_cap;
+    int *sel;    /* n_kv_heads x max_slots selection lists */
+    int *n_sel;
+    const int **sel_ptrs;
+    float *recall_row;
+    size_t recall_cap;
+
+    double step_slots, step_recall;
+    int step_layers;
+    kvs_kv_step_stats last;
+    size_t peak;
+
+    kvs_kv_observer observer;
+    void *observer_ctx;
+};
+
+static void observe(kvs_kv *kv, int layer, const char *hook)
+{
+    if (kv->observer)
+        kv->observer(kv->observer_ctx, kv, layer, hook);
+}
+
+kvs_status kvs_kv_new(const kvs_kv_config *cfg, const kvs_policy_spec *spec, kvs_kv **out,
+                      kvs_error *err)
+{
+    *out = NULL;
+    if (cfg->n_heads % cfg->n_kv_heads != 0)
+        return kvs_fail(err, KVS_ERR_ARG, "KV heads %d do not divide query heads %d",
+                        cfg->n_kv_heads, cfg->n_heads);
+    if (cfg->type != KVS_F32 && cfg->type != KVS_F16)
+        return kvs_fail(err, KVS_ERR_ARG, "KV type %s is not supported (f32 or f16)",
+                        kvs_dtype_name(cfg->type));
+    kvs_kv *kv = calloc(1, sizeof *kv);
+    if (!kv)
+        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
+    kv->cfg = *cfg;
+    if (spec) {
+        kv->policy.spec = *spec;
+    } else {
+        kv->policy.spec.type = &kvs_policy_full;
+        snprintf(kv->policy.spec.text, sizeof kv->policy.spec.text, "full");
+    }
+    kv->policy.type = kv->policy.spec.type;
+    kv->policy.n_layers = cfg->n_layers;
+    kv->policy.n_heads = cfg->n_heads;
+    kv->policy.n_kv_heads = cfg->n_kv_heads;
+    kv->policy.head_dim = cfg->head_dim;
+    kv->policy.budget = INT32_MAX;
+    kvs_store_config sc = {cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, cfg->max_slots,
+                           cfg->type, kv->policy.type->n_meta};
+    kv->store = kvs_store_new(&sc);
+    kv->policy.store = kv->store;
+    kv->scratch = kvs_attn_scratch_new();
+    kv->n_sel = calloc((size_t)cfg->n_kv_heads, sizeof *kv->n_sel);
+    kv->sel_ptrs = calloc((size_t)cfg->n_kv_heads, sizeof *kv->sel_ptrs);
+    int ok = kv->store && kv->scratch && kv->n_sel && kv->sel_ptrs;
+    if (ok && cfg->shadow) {
+        kvs_store_config shc = sc;
+        shc.type = KVS_F32;
+        shc.n_meta = 0;
+        ok = (kv->shadow = kvs_store_new(&shc)) != NULL;
+    }
+    if (!ok) {
+        kvs_kv_free(kv);
+        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
+    }
+    *out = kv;
+    return KVS_OK;
+}
+
+static void stop_policy(kvs_kv *kv)
+{
+    if (kv->started && kv->policy.type->stop)
+        kv->policy.type->stop(&kv->policy);
+    kv->policy.state = NULL;
+    kv->started = 0;
+}
+
+void kvs_kv_free(kvs_kv *kv)
+{
+    if (!kv)
+        return;
+    stop_policy(kv);
+    kvs_store_free(kv->store);
+    kvs_store_free(kv->shadow);
+    kvs_attn_scratch_free(kv->scratch);
+    free(kv->row_mask);
+    free(kv->fbuf);
+    free(kv->sel);
+    free(kv->n_sel);
+    free(kv->sel_ptrs);
+    free(kv->recall_row);
+    free(kv);
+}
+
+void kvs_kv_reset(kvs_kv *kv)
+{
+    stop_policy(kv);
+    kvs_store_clear(kv->store);
+    if (kv->shadow)
+        kvs_store_clear(kv->shadow);
+    kv->prompt_left = 0;
+    kv->peak = 0;
+    memset(&kv->last, 0, sizeof kv->last);
+}
+
+kvs_status kvs_kv_begin_prompt(kvs_kv *kv, int n_prompt, kvs_error *err)
+{
+    stop_policy(kv);
+    kv->policy.n_prompt = n_prompt;
+    kv->policy.budget = kvs_policy_budget_slots(&kv->policy.spec, n_prompt);
+    kvs_status st = kv->policy.type->start ? kv->policy.type->start(&kv->policy, err) : KVS_OK;
+    if (st != KVS_OK)
+        return st;
+    kv->started = 1;
+    kv->prompt_left = n_prompt;
+    return KVS_OK;
+}
+
+static int max_count(const kvs_kv *kv, int layer)
+{
+    int m = 1;
+    for (int h = 0; h < kv->cfg.n_kv_heads; h++) {
+        int c = kvs_store_count(kv->store, layer, h);
+        if (c > m)
+            m = c;
+    }
+    return m;
+}
+
+static kvs_status reserve_floats(kvs_kv *kv, size_t n, kvs_error *err)
+{
+    if (n <= kv->fbuf_cap)
+        return KVS_OK;
+    float *p = realloc(kv->fbuf, sizeof(float) * n);
+    if (!p)
+        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for attention probabilities");
+    kv->fbuf = p;
+    kv->fbuf_cap = n;
+    return KVS_OK;
+}
+
+static void update_peak(kvs_kv *kv)
+{
+    size_t b = kvs_kv_bytes(kv);
+    if (b > kv->peak)
+        kv->peak = b;
+}
+
+static kvs_status prompt_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, const float *q,
+                               const float *k, const float *v, const int32_t *pos, float *out,
+                               kvs_error *err)
+{
+    const kvs_policy_type *t = kv->policy.type;
+    kvs_status st = kvs_store_append(kv->store, layer, n, k, v, pos, err);
+    if (st == KVS_OK && kv->shadow)
+        st = kvs_store_append(kv->shadow, layer, n, k, v, pos, err);
+    if (st != KVS_OK)
+        return st;
+    update_peak(kv);
+
+    kvs_attn_args a = {.store = kv->store, .layer = layer, .n_heads = kv->cfg.n_heads, .n = n,
+                       .q = q, .qpos = pos, .out = out};
+    int any_row = 0;
+    if (t->wants_row) {
+        if ((size_t)n > kv->row_mask_cap) {
+            uint8_t *m = realloc(kv->row_mask, (size_t)n);
+            if (!m)
+                return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
+            kv->row_mask = m;
+            kv->row_mask_cap = (size_t)n;
+        }
+        for (int i = 0; i < n; i++)
+            any_row |= kv->row_mask[i] = (uint8_t)(t->wants_row(&kv->policy, layer, pos[i]) != 0);
+    }
+    if (any_row) {
+        int stride = max_count(kv, layer);
+        size_t need = (size_t)kv->cfg.n_heads * stride;
+        if ((st = reserve_floats(kv, need, err)) != KVS_OK)
+            return st;
+        memset(kv->fbuf, 0, sizeof(float) * need);
+        a.row_mask = kv->row_mask;
+        a.colsum = kv->fbuf;
+        a.colsum_stride = stride;
+    }
+    if ((st = kvs_attention(pool, kv->scratch, &a, err)) != KVS_OK)
+        return st;
+
+    const int last = n == kv->prompt_left;
+    if (t->prefill_chunk) {
+        kvs_chunk c = {n, q, k, v, pos, a.colsum, a.colsum_stride, last};
+        if ((st = t->prefill_chunk(&kv->policy, layer, &c, err)) != KVS_OK)
+            return st;
+        observe(kv, layer, "prefill_chunk");
+    }
+    if (last && t->prefill_end) {
+        if ((st = t->prefill_end(&kv->policy, layer, err)) != KVS_OK)
+            return st;
+        observe(kv, layer, "prefill_end");
+    }
+    return KVS_OK;
+}
+
+/* Share of the full softmax (query over every shadow key) on the attended positions. */
+static double recall_of(kvs_kv *kv, int layer, int kvh, const float *q, int32_t qpos,
+                        const int *sel, int n_sel)
+{
+    const int hd = kv->cfg.head_dim;
+    const int n_all = kvs_store_count(kv->shadow, layer, kvh);
+    const float *keys = kvs_store_keys(kv->shadow, layer, kvh);
+    const int32_t *all_pos = kvs_store_pos(kv->shadow, layer, kvh);
+    float *p = kv->recall_row;
+    int n = 0;
+    for (; n < n_all && all_pos[n] <= qpos; n++) {
+        double d = 0;
+        for (int i = 0; i < hd; i++)
+            d += (double)q[i] * keys[(size_t)n * hd + i];
+        p[n] = (float)(d / sqrt((double)hd));
+    }
+    if (n == 0)
+        return 1.0;
+    float m = p[0];
+    for (int j = 1; j < n; j++)
+        m = p[j] > m ? p[j] : m;
+    double z = 0;
+    for (int j = 0; j < n; j++)
+        z += exp((double)p[j] - m);
+    /* Walk the attended positions and the shadow positions together (both sorted). */
+    const int32_t *pos = kvs_store_pos(kv->store, layer, kvh);
+    int count = sel ? n_sel : kvs_store_count(kv->store, layer, kvh);
+    double mass = 0;
+    int j = 0;
+    for (int s = 0; s < count; s++) {
+        int32_t ps = pos[sel ? sel[s] : s];
+        while (j < n && all_pos[j] < ps)
+            j++;
+        if (j < n && all_pos[j] == ps)
+            mass += exp((double)p[j] - m);
+    }
+    return mass / z;
+}
+
+static kvs_status decode_layer(kvs_kv *kv, kvs_pool *pool, int layer, const float *q,
+                               const float *k, const float *v, const int32_t *pos, float *out,
+                               kvs_error *err)
+{
+    const kvs_policy_type *t = kv->policy.type;
+    const int nkv = kv->cfg.n_kv_heads, group = kv->cfg.n_heads / nkv, hd = kv->cfg.head_dim;
+    kvs_status st;
+    if (t->before_append) {
+        if ((st = t->before_append(&kv->policy, layer, q, k, v, pos[0], err)) != KVS_OK)
+            return st;
+        observe(kv, layer, "before_append");
+    }
+    if ((st = kvs_store_append(kv->store, layer, 1, k, v, pos, err)) != KVS_OK)
+        return st;
+    if (kv->shadow && (st = kvs_store_append(kv->shadow, layer, 1, k, v, pos, err)) != KVS_OK)
+        return st;
+    update_peak(kv);
+
+    const int stride = max_count(kv, layer);
+    kvs_attn_args a = {.store = kv->store, .layer = layer, .n_heads = kv->cfg.n_heads, .n = 1,
+                       .q = q, .qpos = pos, .out = out};
+    if (t->select) {
+        size_t need = (size_t)nkv * stride;
+        int *sel = realloc(kv->sel, sizeof(int) * need);
+        if (!sel)
+            return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
+        kv->sel = sel;
+        int any = 0;
+        for (int h = 0; h < nkv; h++) {
+            int *list = kv->sel + (size_t)h * stride;
+            int c = t->select(&kv->policy, layer, h, q + (size_t)h * group * hd, list);
+            if (c < 0) { /* every slot */
+                c = kvs_store_count(kv->store, layer, h);
+                for (int i = 0; i < c; i++)
+                    list[i] = i;
+            } else {
+                any = 1;
+            }
+            kv->n_sel[h] = c;
+            kv->sel_ptrs[h] = list;
+        }
+        observe(kv, layer, "select");
+        if (any) {
+            a.sel = kv->sel_ptrs;
+            a.n_sel = kv->n_sel;
+        }
+    }
+    if (t->after_attention) {
+        if ((st = reserve_floats(kv, (size_t)kv->cfg.n_heads * stride, err)) != KVS_OK)
+            return st;
+        a.probs = kv->fbuf;
+        a.probs_stride = stride;
+    }
+    if ((st = kvs_attention(pool, kv->scratch, &a, err)) != KVS_OK)
+        return st;
+
+    for (int h = 0; h < kv->cfg.n_heads; h++) {
+        int kvh = h / group;
+        int attended = a.sel ? a.n_sel[kvh] : kvs_store_count(kv->store, layer, kvh);
+        kv->step_slots += attended;
+        if (kv->shadow) {
+            size_t need = (size_t)kvs_store_count(kv->shadow, layer, kvh);
+            if (need > kv->recall_cap) {
+                float *r = realloc(kv->recall_row, sizeof(float) * need);
+                if (!r)
+                    return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
+                kv->recall_row = r;
+                kv->recall_cap = need;
+            }
+            kv->step_recall += recall_of(kv, layer, kvh, q + (size_t)h * hd, pos[0],
+                                         a.sel ? a.sel[kvh] : NULL, a.sel ? a.n_sel[kvh] : 0);
+        }
+    }
+    kv->step_layers++;
+    if (t->after_attention) {
+        if ((st = t->after_attention(&kv->policy, layer, a.probs, a.probs_stride, err)) != KVS_OK)
+            return st;
+        observe(kv, layer, "after_attention");
+    }
+    return KVS_OK;
+}
+
+kvs_status kvs_kv_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, const float *q,
+                        const float *k, const float *v, const int32_t *pos, float *out,
+                        kvs_error *err)
+{
+    if (kv->prompt_left > 0) {
+        if (n > kv->prompt_left)
+            return kvs_fail(err, KVS_ERR_ARG, "batch of %d tokens runs past the prompt's end (%d "
+                            "left)", n, kv->prompt_left);
+        return prompt_layer(kv, pool, layer, n, q, k, v, pos, out, err);
+    }
+    if (!kv->started)
+        return kvs_fail(err, KVS_ERR_ARG, "no prompt has begun (kvs_kv_begin_prompt)");
+    if (n != 1)
+        return kvs_fail(err, KVS_ERR_ARG, "decode steps take one token, got %d", n);
+    return decode_layer(kv, pool, layer, q, k, v, pos, out, err);
+}
+
+void kvs_kv_end_batch(kvs_kv *kv, int n)
+{
+    if (kv->prompt_left > 0) {
+        kv->prompt_left -= n;
+    } else if (kv->step_layers > 0) {
+        double heads = (double)kv->step_layers * kv->cfg.n_heads;
+        kv->last.slots_attended = kv->step_slots / heads;
+        kv->last.attn_recall = kv->shadow ? kv->step_recall / heads : 1.0;
+    }
+    kv->step_slots = kv->step_recall = 0;
+    kv->step_layers = 0;
+    update_peak(kv);
+}
+
+const kvs_store *kvs_kv_store(const kvs_kv *kv) { return kv->store; }
+const kvs_policy *kvs_kv_policy(const kvs_kv *kv) { return &kv->policy; }
+
+size_t kvs_kv_bytes(const kvs_kv *kv)
+{
+    size_t b = kvs_store_bytes(kv->store);
+    if (kv->started && kv->policy.type->state_bytes)
+        b += kv->policy.type->state_bytes(&kv->policy);
+    return b;
+}
+
+size_t kvs_kv_peak_bytes(const kvs_kv *kv) { return kv->peak; }
+
+size_t kvs_kv_bytes_full_f16(const kvs_kv *kv, int64_t n_tokens)
+{
+    return (size_t)n_tokens * (size_t)kv->cfg.n_layers * kv->cfg.n_kv_heads * kv->cfg.head_dim *
+           2 * 2;
+}
+
+void kvs_kv_last_step(const kvs_kv *kv, kvs_kv_step_stats *st) { *st = kv->last; }
+
+void kvs_kv_set_observer(kvs_kv *kv, kvs_kv_observer fn, void *ctx)
+{
+    kv->observer = fn;
+    kv->observer_ctx = ctx;
+}

@@ -1,0 +1,61 @@
+/* The kv layer: the slot store, a policy and attention, behind the one call the forward pass
+ * makes per layer. It tracks the phase (prompt chunks, then decode steps), calls the policy's
+ * hooks in order, and keeps the statistics eval reports. */
+#ifndef KVS_KV_H
+#define KVS_KV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/error.h"
+#include "core/threadpool.h"
+#include "kv/kv_store.h"
+#include "kv/policy.h"
+
+typedef struct kvs_kv kvs_kv;
+
+typedef struct kvs_kv_config {
+    int n_layers, n_heads, n_kv_heads, head_dim;
+    int max_slots;   /* the context length */
+    kvs_dtype type;  /* KVS_F32 or KVS_F16 */
+    int shadow;      /* eval mode: keep every key to measure attention recall (not counted) */
+} kvs_kv_config;
+
+/* spec NULL means the full cache. */
+kvs_status kvs_kv_new(const kvs_kv_config *cfg, const kvs_policy_spec *spec, kvs_kv **out,
+                      kvs_error *err);
+void kvs_kv_free(kvs_kv *kv);
+/* Forgets every token. */
+void kvs_kv_reset(kvs_kv *kv);
+
+/* A prompt of n_prompt tokens begins (resolves the budget, starts the policy). */
+kvs_status kvs_kv_begin_prompt(kvs_kv *kv, int n_prompt, kvs_error *err);
+/* One layer of a batch: stores k/v (n rows of n_kv_heads * head_dim, post-RoPE) at pos, runs
+ * the policy's hooks and attention of q (n rows of n_heads * head_dim) into out. During the
+ * prompt any n; afterwards n must be 1. */
+kvs_status kvs_kv_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, const float *q,
+                        const float *k, const float *v, const int32_t *pos, float *out,
+                        kvs_error *err);
+/* Every layer of a batch of n tokens is done. */
+void kvs_kv_end_batch(kvs_kv *kv, int n);
+
+const kvs_store *kvs_kv_store(const kvs_kv *kv);
+const kvs_policy *kvs_kv_policy(const kvs_kv *kv);
+/* Bytes held now: slots (keys, values, positions, policy metadata) and policy state. */
+size_t kvs_kv_bytes(const kvs_kv *kv);
+size_t kvs_kv_peak_bytes(const kvs_kv *kv);
+/* Bytes a full F16 cache of n_tokens tokens would hold (keys and values). */
+size_t kvs_kv_bytes_full_f16(const kvs_kv *kv, int64_t n_tokens);
+
+/* Statistics of the last decode step, averaged over layers and heads. */
+typedef struct kvs_kv_step_stats {
+    double slots_attended; /* per query head */
+    double attn_recall;    /* share of the full softmax mass on attended slots (shadow only) */
+} kvs_kv_step_stats;
+void kvs_kv_last_step(const kvs_kv *kv, kvs_kv_step_stats *st);
+
+/* Tests: called after every policy hook with the hook's name. */
+typedef void (*kvs_kv_observer)(void *ctx, const kvs_kv *kv, int layer, const char *hook);
+void kvs_kv_set_observer(kvs_kv *kv, kvs_kv_observer fn, void *ctx);
+
+#endif

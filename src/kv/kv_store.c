@@ -1,0 +1,223 @@
+#include "kv/kv_store.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/kernels.h"
+
+typedef struct store_head {
+    char *keys, *values; /* cap rows of row_bytes */
+    int32_t *pos;
+    float *meta[KVS_STORE_MAX_META];
+    int count, cap;
+} store_head;
+
+struct kvs_store {
+    kvs_store_config cfg;
+    size_t row_bytes; /* bytes of one key (or value) row */
+    store_head *heads;
+};
+
+static store_head *head_at(const kvs_store *s, int layer, int head)
+{
+    return &s->heads[(size_t)layer * s->cfg.n_kv_heads + head];
+}
+
+kvs_store *kvs_store_new(const kvs_store_config *cfg)
+{
+    if (cfg->n_layers <= 0 || cfg->n_kv_heads <= 0 || cfg->head_dim <= 0 ||
+        cfg->max_slots <= 0 || (cfg->type != KVS_F32 && cfg->type != KVS_F16) ||
+        cfg->n_meta < 0 || cfg->n_meta > KVS_STORE_MAX_META)
+        return NULL;
+    kvs_store *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    s->cfg = *cfg;
+    s->row_bytes = (size_t)cfg->head_dim * (cfg->type == KVS_F32 ? 4 : 2);
+    s->heads = calloc((size_t)cfg->n_layers * cfg->n_kv_heads, sizeof *s->heads);
+    if (!s->heads) {
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+static void head_release(store_head *h)
+{
+    free(h->keys);
+    free(h->values);
+    free(h->pos);
+    for (int c = 0; c < KVS_STORE_MAX_META; c++)
+        free(h->meta[c]);
+    memset(h, 0, sizeof *h);
+}
+
+void kvs_store_free(kvs_store *s)
+{
+    if (!s)
+        return;
+    kvs_store_clear(s);
+    free(s->heads);
+    free(s);
+}
+
+void kvs_store_clear(kvs_store *s)
+{
+    size_t n = (size_t)s->cfg.n_layers * s->cfg.n_kv_heads;
+    for (size_t i = 0; i < n; i++)
+        head_release(&s->heads[i]);
+}
+
+const kvs_store_config *kvs_store_cfg(const kvs_store *s) { return &s->cfg; }
+int kvs_store_count(const kvs_store *s, int layer, int head) { return head_at(s, layer, head)->count; }
+const int32_t *kvs_store_pos(const kvs_store *s, int layer, int head) { return head_at(s, layer, head)->pos; }
+const void *kvs_store_keys(const kvs_store *s, int layer, int head) { return head_at(s, layer, head)->keys; }
+const void *kvs_store_values(const kvs_store *s, int layer, int head) { return head_at(s, layer, head)->values; }
+float *kvs_store_meta(kvs_store *s, int layer, int head, int c) { return head_at(s, layer, head)->meta[c]; }
+
+static void row_to_f32(const kvs_store *s, const char *row, float *out)
+{
+    if (s->cfg.type == KVS_F32)
+        memcpy(out, row, s->row_bytes);
+    else
+        kvs_dequantize_row(KVS_F16, row, out, s->cfg.head_dim);
+}
+
+void kvs_store_key_f32(const kvs_store *s, int layer, int head, int slot, float *out)
+{
+    row_to_f32(s, head_at(s, layer, head)->keys + (size_t)slot * s->row_bytes, out);
+}
+
+void kvs_store_value_f32(const kvs_store *s, int layer, int head, int slot, float *out)
+{
+    row_to_f32(s, head_at(s, layer, head)->values + (size_t)slot * s->row_bytes, out);
+}
+
+/* Resizes a head's arrays to exactly cap slots (cap >= count). */
+static int head_resize(const kvs_store *s, store_head *h, int cap)
+{
+    if (cap == h->cap)
+        return 0;
+    if (cap == 0) {
+        head_release(h);
+        return 0;
+    }
+    void *p;
+    if (!(p = realloc(h->keys, (size_t)cap * s->row_bytes)))
+        return -1;
+    h->keys = p;
+    if (!(p = realloc(h->values, (size_t)cap * s->row_bytes)))
+        return -1;
+    h->values = p;
+    if (!(p = realloc(h->pos, (size_t)cap * sizeof *h->pos)))
+        return -1;
+    h->pos = p;
+    for (int c = 0; c < s->cfg.n_meta; c++) {
+        if (!(p = realloc(h->meta[c], (size_t)cap * sizeof(float))))
+            return -1;
+        h->meta[c] = p;
+    }
+    h->cap = cap;
+    return 0;
+}
+
+/* Slack beyond the live count: small, so memory follows the live slots closely, but enough
+ * that one-token appends do not reallocate every step. */
+static int slack(int count) { return 16 + count / 16; }
+
+kvs_status kvs_store_append(kvs_store *s, int layer, int n, const float *k, const float *v,
+                            const int32_t *pos, kvs_error *err)
+{
+    const int hd = s->cfg.head_dim, nkv = s->cfg.n_kv_heads;
+    for (int h = 0; h < nkv; h++) {
+        store_head *H = head_at(s, layer, h);
+        if (n > s->cfg.max_slots - H->count)
+            return kvs_fail(err, KVS_ERR_ARG,
+                            "KV cache full: %d + %d tokens exceed the context of %d", H->count,
+                            n, s->cfg.max_slots);
+        if (H->count > 0 && pos[0] <= H->pos[H->count - 1])
+            return kvs_fail(err, KVS_ERR_ARG, "KV append: position %d is not after %d", pos[0],
+                            H->pos[H->count - 1]);
+        int need = H->count + n;
+        if (need > H->cap) {
+            int cap = need + slack(need);
+            if (cap > s->cfg.max_slots)
+                cap = s->cfg.max_slots;
+            if (head_resize(s, H, cap) != 0)
+                return kvs_fail(err, KVS_ERR_NOMEM,
+                                "out of memory growing the KV cache to %d slots", cap);
+        }
+        for (int i = 0; i < n; i++) {
+            int slot = H->count + i;
+            const float *kr = k + ((size_t)i * nkv + h) * hd, *vr = v + ((size_t)i * nkv + h) * hd;
+            if (s->cfg.type == KVS_F32) {
+                memcpy(H->keys + (size_t)slot * s->row_bytes, kr, s->row_bytes);
+                memcpy(H->values + (size_t)slot * s->row_bytes, vr, s->row_bytes);
+            } else {
+                kvs_quantize_row(KVS_F16, kr, H->keys + (size_t)slot * s->row_bytes, hd);
+                kvs_quantize_row(KVS_F16, vr, H->values + (size_t)slot * s->row_bytes, hd);
+            }
+            H->pos[slot] = pos[i];
+            for (int c = 0; c < s->cfg.n_meta; c++)
+                H->meta[c][slot] = 0.0f;
+        }
+        H->count = need;
+    }
+    return KVS_OK;
+}
+
+void kvs_store_keep(kvs_store *s, int layer, int head, const int *slots, int n)
+{
+    store_head *H = head_at(s, layer, head);
+    for (int i = 0; i < n; i++) {
+        int from = slots[i];
+        if (from == i)
+            continue;
+        memmove(H->keys + (size_t)i * s->row_bytes, H->keys + (size_t)from * s->row_bytes,
+                s->row_bytes);
+        memmove(H->values + (size_t)i * s->row_bytes, H->values + (size_t)from * s->row_bytes,
+                s->row_bytes);
+        H->pos[i] = H->pos[from];
+        for (int c = 0; c < s->cfg.n_meta; c++)
+            H->meta[c][i] = H->meta[c][from];
+    }
+    H->count = n;
+    /* Give memory back once the slack is large; a failed shrink keeps the larger block. */
+    if (H->cap > n + 2 * slack(n))
+        head_resize(s, H, n + slack(n));
+}
+
+void kvs_store_remove(kvs_store *s, int layer, int head, int slot)
+{
+    store_head *H = head_at(s, layer, head);
+    int tail = H->count - slot - 1;
+    if (tail > 0) {
+        memmove(H->keys + (size_t)slot * s->row_bytes, H->keys + (size_t)(slot + 1) * s->row_bytes,
+                (size_t)tail * s->row_bytes);
+        memmove(H->values + (size_t)slot * s->row_bytes,
+                H->values + (size_t)(slot + 1) * s->row_bytes, (size_t)tail * s->row_bytes);
+        memmove(H->pos + slot, H->pos + slot + 1, (size_t)tail * sizeof *H->pos);
+        for (int c = 0; c < s->cfg.n_meta; c++)
+            memmove(H->meta[c] + slot, H->meta[c] + slot + 1, (size_t)tail * sizeof(float));
+    }
+    H->count--;
+}
+
+size_t kvs_store_slot_bytes(const kvs_store *s)
+{
+    return 2 * s->row_bytes + sizeof(int32_t) + (size_t)s->cfg.n_meta * sizeof(float);
+}
+
+int64_t kvs_store_total_slots(const kvs_store *s)
+{
+    size_t n = (size_t)s->cfg.n_layers * s->cfg.n_kv_heads;
+    int64_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += s->heads[i].count;
+    return total;
+}
+
+size_t kvs_store_bytes(const kvs_store *s)
+{
+    return (size_t)kvs_store_total_slots(s) * kvs_store_slot_bytes(s);
+}

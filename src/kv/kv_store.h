@@ -1,0 +1,58 @@
+/* The slot store: per layer and KV head, slots of post-RoPE key, value, absolute position and
+ * optional per-slot float metadata for the policy, kept sorted by position. Eviction compacts in
+ * place and gives memory back; accounting is exact. */
+#ifndef KVS_KV_STORE_H
+#define KVS_KV_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+#define KVS_STORE_MAX_META 4
+
+typedef struct kvs_store kvs_store;
+
+typedef struct kvs_store_config {
+    int n_layers;
+    int n_kv_heads;
+    int head_dim;
+    int max_slots;  /* hard limit per (layer, head) */
+    kvs_dtype type; /* KVS_F32 or KVS_F16 */
+    int n_meta;     /* float metadata channels per slot, 0..KVS_STORE_MAX_META */
+} kvs_store_config;
+
+kvs_store *kvs_store_new(const kvs_store_config *cfg);
+void kvs_store_free(kvs_store *s);
+/* Drops every slot and releases the memory. */
+void kvs_store_clear(kvs_store *s);
+const kvs_store_config *kvs_store_cfg(const kvs_store *s);
+
+int kvs_store_count(const kvs_store *s, int layer, int head);
+const int32_t *kvs_store_pos(const kvs_store *s, int layer, int head);
+/* Keys / values of a head: count rows of head_dim elements of the store's type. */
+const void *kvs_store_keys(const kvs_store *s, int layer, int head);
+const void *kvs_store_values(const kvs_store *s, int layer, int head);
+void kvs_store_key_f32(const kvs_store *s, int layer, int head, int slot, float *out);
+void kvs_store_value_f32(const kvs_store *s, int layer, int head, int slot, float *out);
+/* Metadata channel c of a head: count floats, moved along with the slots. */
+float *kvs_store_meta(kvs_store *s, int layer, int head, int c);
+
+/* Appends n tokens to every head of layer: k and v are n rows of n_kv_heads * head_dim floats;
+ * pos[i] must be increasing and after every stored position. New metadata is zero. */
+kvs_status kvs_store_append(kvs_store *s, int layer, int n, const float *k, const float *v,
+                            const int32_t *pos, kvs_error *err);
+/* Keeps only the listed slots (strictly increasing indices) of one head, compacting in place. */
+void kvs_store_keep(kvs_store *s, int layer, int head, const int *slots, int n);
+/* Removes one slot of one head. */
+void kvs_store_remove(kvs_store *s, int layer, int head, int slot);
+
+/* Bytes of one slot: key, value, position and metadata. */
+size_t kvs_store_slot_bytes(const kvs_store *s);
+/* Bytes held by live slots of every head. */
+size_t kvs_store_bytes(const kvs_store *s);
+/* Live slots summed over every (layer, head). */
+int64_t kvs_store_total_slots(const kvs_store *s);
+
+#endif

@@ -1,0 +1,115 @@
+/* The KV policy interface: a policy is a table of optional hooks plus declared parameters.
+ * Hooks are called per layer by the kv layer (kv/kv.c) and act on the slot store. */
+#ifndef KVS_POLICY_H
+#define KVS_POLICY_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "core/error.h"
+#include "kv/kv_store.h"
+
+#define KVS_MAX_PARAMS 12
+
+typedef enum kvs_policy_kind {
+    KVS_KIND_FULL,      /* keeps everything */
+    KVS_KIND_EVICTING,  /* holds the cache at the budget through prefill and decoding */
+    KVS_KIND_ONE_SHOT,  /* compresses the prompt once at prefill end, then appends */
+    KVS_KIND_SELECTION, /* keeps everything, attends a budget of slots per step */
+} kvs_policy_kind;
+
+typedef struct kvs_param_def {
+    const char *name;
+    double def;
+    double min, max;
+    int integer; /* 1: whole numbers only */
+    const char *help;
+} kvs_param_def;
+
+struct kvs_policy_type;
+
+/* A parsed "--kv NAME[:key=value,...]". */
+typedef struct kvs_policy_spec {
+    const struct kvs_policy_type *type;
+    double values[KVS_MAX_PARAMS]; /* per type->params, defaults filled in */
+    double budget;                 /* fraction (0, 1] or token count >= 1; 0 = none given */
+    int budget_is_fraction;
+    char text[256];                /* canonical form, e.g. "h2o:budget=0.1" */
+} kvs_policy_spec;
+
+/* A policy instance attached to one kv layer. */
+typedef struct kvs_policy {
+    const struct kvs_policy_type *type;
+    kvs_policy_spec spec;
+    kvs_store *store;
+    int n_layers, n_heads, n_kv_heads, head_dim;
+    int n_prompt; /* tokens of the current prompt */
+    int budget;   /* slots per (layer, KV head), resolved at prompt start; INT32_MAX if none */
+    void *state;  /* owned by the policy */
+} kvs_policy;
+
+/* What a prefill hook sees of one chunk of prompt tokens of one layer (already appended and
+ * attended). colsum[h * colsum_stride + slot] sums the softmax rows of the chunk's queries the
+ * policy asked for (wants_row), over the head's slots as they were during attention. */
+typedef struct kvs_chunk {
+    int n;
+    const float *q;       /* n rows of n_heads * head_dim, post-RoPE */
+    const float *k, *v;   /* n rows of n_kv_heads * head_dim, post-RoPE keys */
+    const int32_t *pos;
+    const float *colsum;  /* NULL unless wants_row selected a row of this chunk */
+    int colsum_stride;
+    int last;             /* the prompt's final chunk */
+} kvs_chunk;
+
+typedef struct kvs_policy_type {
+    const char *name;
+    const char *summary;
+    kvs_policy_kind kind;
+    const kvs_param_def *params; /* besides "budget", which every non-full policy takes */
+    int n_params;
+    int n_meta; /* per-slot float channels the policy keeps in the store */
+
+    /* A prompt begins: budget and n_prompt are set. Allocate state; reject a budget the policy
+     * cannot honour. */
+    kvs_status (*start)(kvs_policy *p, kvs_error *err);
+    void (*stop)(kvs_policy *p);
+    /* Bytes of policy state outside the store (counted as KV bytes). */
+    size_t (*state_bytes)(const kvs_policy *p);
+    /* Prefill: should the softmax row of the query at pos be summed into kvs_chunk.colsum? */
+    int (*wants_row)(const kvs_policy *p, int layer, int32_t pos);
+    kvs_status (*prefill_chunk)(kvs_policy *p, int layer, const kvs_chunk *c, kvs_error *err);
+    kvs_status (*prefill_end)(kvs_policy *p, int layer, kvs_error *err);
+    /* Decode, before the new token's K/V are stored. */
+    kvs_status (*before_append)(kvs_policy *p, int layer, const float *q, const float *k,
+                                const float *v, int32_t pos, kvs_error *err);
+    /* Decode, before attention: writes the slots KV head kv_head attends (increasing) and
+     * returns their count, or returns -1 for all slots. q holds the group's query rows. */
+    int (*select)(kvs_policy *p, int layer, int kv_head, const float *q, int *slots);
+    /* Decode, after attention: probs[h * stride + j] for query head h and its j-th attended
+     * slot (all slots of its KV head unless select chose some). */
+    kvs_status (*after_attention)(kvs_policy *p, int layer, const float *probs, int stride,
+                                  kvs_error *err);
+} kvs_policy_type;
+
+/* Registry. */
+const kvs_policy_type *const *kvs_policy_types(int *n);
+const kvs_policy_type *kvs_policy_find(const char *name);
+/* Parses "NAME[:key=value,...]"; errors list the accepted names, keys and ranges. */
+kvs_status kvs_policy_parse(const char *text, kvs_policy_spec *out, kvs_error *err);
+/* Lists every policy with its parameters and defaults. */
+void kvs_policy_help(FILE *f);
+/* Value of a declared parameter (its default when not given). */
+double kvs_policy_param(const kvs_policy *p, const char *name);
+/* Slots per (layer, head) for a prompt of n_prompt tokens: a fraction F gives round(F * n)
+ * (half up, at least 1); a count is taken as is. INT32_MAX when the spec has no budget. */
+int kvs_policy_budget_slots(const kvs_policy_spec *spec, int n_prompt);
+
+/* ---- shared eviction routine ---- */
+typedef enum kvs_tie { KVS_TIE_KEEP_OLDER, KVS_TIE_KEEP_NEWER } kvs_tie;
+/* Keeps in one head: the `sinks` oldest slots, the `recent` newest slots, and the highest
+ * score[] among the rest until `budget` slots are kept (ties by position as `tie` says);
+ * compacts the store. score has one entry per slot. Returns the kept count. */
+int kvs_evict_keep_top(kvs_store *s, int layer, int head, const float *score, int budget,
+                       int sinks, int recent, kvs_tie tie);
+
+#endif
