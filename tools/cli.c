@@ -251,3 +251,56 @@ const char *cli_bytes(char *buf, size_t size, double bytes)
     snprintf(buf, size, u ? "%.2f %s" : "%.0f %s", bytes, units[u]);
     return buf;
 }
+
+const char *const cli_kv_help =
+    "  --kv SPEC           KV policy NAME[:key=value,...], e.g. h2o:budget=0.25 (default full);\n"
+    "                      budget=F (0 < F <= 1, with a decimal point) is a fraction of the\n"
+    "                      prompt, budget=N (whole number) a token count, per layer and KV head;\n"
+    "                      --kv help lists the policies and their parameters\n"
+    "  --kv-type TYPE      KV storage type: f32 (default) or f16\n";
+
+int cli_kv_flags(const char *cmd, int argc, char **argv, int *i, kvs_session_params *p)
+{
+    const char *a = argv[*i], *v;
+    if (strcmp(a, "--kv") && strcmp(a, "--kv-type"))
+        return 0;
+    if (!(v = cli_value(cmd, argc, argv, i)))
+        return -1;
+    if (!strcmp(a, "--kv-type")) {
+        if (strcmp(v, "f32") && strcmp(v, "f16")) {
+            cli_error(cmd, "--kv-type: unknown type '%s' (f32 or f16)", v);
+            return -1;
+        }
+        p->kv_type = v;
+        return 1;
+    }
+    if (!strcmp(v, "help")) {
+        kvs_kv_policy_help(stdout);
+        return 2;
+    }
+    kvs_error err = {0};
+    if (kvs_kv_policy_check(v, &err) != KVS_OK) {
+        cli_error(cmd, "%s", err.msg);
+        return -1;
+    }
+    p->kv_policy = v;
+    return 1;
+}
+
+const char *cli_json_escape(char *buf, size_t size, const char *s)
+{
+    size_t n = 0;
+    for (; *s && n + 7 < size; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') {
+            buf[n++] = '\\';
+            buf[n++] = (char)c;
+        } else if (c < 0x20) {
+            n += (size_t)snprintf(buf + n, size - n, "\\u%04x", c);
+        } else {
+            buf[n++] = (char)c;
+        }
+    }
+    buf[n] = 0;
+    return buf;
+}

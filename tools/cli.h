@@ -36,6 +36,14 @@ int cli_read_tokens(const char *cmd, const char *path, int32_t **ids, int *n);
 /* Writes data to path via a temporary file and rename(). */
 int cli_write_file(const char *cmd, const char *path, const void *data, size_t len);
 
+/* Handles --kv SPEC, --kv-type TYPE and --kv help (prints the policies). Returns 1 if argv[*i]
+ * was one of them (advancing *i), 0 if not, -1 on error (message printed), 2 after help. */
+int cli_kv_flags(const char *cmd, int argc, char **argv, int *i, kvs_session_params *p);
+extern const char *const cli_kv_help;
+
+/* s as the body of a JSON string (quotes, backslashes and control bytes escaped). */
+const char *cli_json_escape(char *buf, size_t size, const char *s);
+
 double cli_now(void);
 int cli_default_threads(void);
 /* Peak resident set size of this process in bytes. */

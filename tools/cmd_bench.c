@@ -7,6 +7,7 @@
 
 #include "cli.h"
 #include "core/dtype.h"
+#include "engine/session_internal.h"
 #include "model/llama_write.h"
 
 static const char *const help =
@@ -23,6 +24,7 @@ static const char *const help =
     "  -n, --n-gen N         generated tokens (default 128)\n"
     "  -t, --threads N       threads (default: online CPUs, at most 8)\n"
     "  -r, --reps N          repetitions, reported as mean (default 1)\n"
+    "  --chunk N             prompt tokens per forward batch (default 512)\n"
     "  --json FILE           write the results as JSON (fields: model, threads, n_prompt,\n"
     "                        n_gen, prefill_tok_s, decode_tok_s, kv_bytes, peak_rss_bytes)\n";
 
@@ -96,14 +98,23 @@ static unsigned rand_next(unsigned *state)
 
 int cmd_bench(int argc, char **argv)
 {
+    kvs_session_params params = kvs_session_default_params();
     const char *cmd = "bench", *model_path = NULL, *synthetic = NULL, *save = NULL,
                *json = NULL, *v;
     int n_prompt = 512, n_gen = 128, threads = cli_default_threads(), reps = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
 #define VALUE() (v = cli_value(cmd, argc, argv, &i))
+        int kv = cli_kv_flags(cmd, argc, argv, &i, &params);
+        if (kv < 0)
+            return CLI_USAGE;
+        if (kv == 2)
+            return CLI_OK;
+        if (kv == 1)
+            continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(help, stdout);
+            fputs(cli_kv_help, stdout);
             return CLI_OK;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
             if (!(model_path = VALUE()))
@@ -125,6 +136,9 @@ int cmd_bench(int argc, char **argv)
                 return CLI_USAGE;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             if (!VALUE() || cli_int(cmd, a, v, 1, 256, &threads))
+                return CLI_USAGE;
+        } else if (!strcmp(a, "--chunk")) {
+            if (!VALUE() || cli_int(cmd, a, v, 1, 1 << 20, &params.chunk))
                 return CLI_USAGE;
         } else if (!strcmp(a, "-r") || !strcmp(a, "--reps")) {
             if (!VALUE() || cli_int(cmd, a, v, 1, 1000, &reps))
@@ -183,7 +197,6 @@ int cmd_bench(int argc, char **argv)
                  info.n_ctx);
         goto fail;
     }
-    kvs_session_params params = kvs_session_default_params();
     params.n_threads = threads;
     if (kvs_session_new(m, &params, &s, &err) != KVS_OK)
         goto fail;
@@ -199,8 +212,8 @@ int cmd_bench(int argc, char **argv)
     int warm = n_prompt < 32 ? n_prompt : 32;
     if (kvs_session_eval(s, tokens, warm, NULL, 0, &err) != KVS_OK)
         goto fail;
-    double sum_prefill = 0, sum_decode = 0;
-    size_t kv_bytes = 0;
+    double sum_prefill = 0, sum_decode = 0, sum_attn_share = 0;
+    size_t kv_bytes = 0, kv_peak = 0;
     for (int r = 0; r < reps; r++) {
         kvs_session_reset(s);
         cli_progress("prefill", r, reps);
@@ -215,30 +228,42 @@ int cmd_bench(int argc, char **argv)
         }
         double t2 = cli_now();
         sum_prefill += n_prompt / (t1 - t0);
-        if (n_gen)
+        if (n_gen) {
             sum_decode += n_gen / (t2 - t1);
+            sum_attn_share += kvs_kv_decode_seconds(kvs_session_kv(s)) / (t2 - t1);
+        }
         kv_bytes = kvs_session_kv_bytes(s);
+        kv_peak = kvs_session_kv_peak_bytes(s);
     }
     cli_progress_end();
-    double prefill = sum_prefill / reps, decode = sum_decode / reps;
+    double prefill = sum_prefill / reps, decode = sum_decode / reps,
+           attn_share = sum_attn_share / reps;
+    const char *kv_spec = params.kv_policy ? params.kv_policy : "full",
+               *kv_type = params.kv_type ? params.kv_type : "f32";
     size_t rss = cli_peak_rss();
-    char kvb[32], rssb[32], wb[32];
-    printf("| model | params | weights | threads | n_prompt | n_gen | prefill tok/s | "
-           "decode tok/s | KV bytes | peak RSS |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|\n");
-    printf("| %s | %.1fM | %s %s | %d | %d | %d | %.1f | %.1f | %s | %s |\n", label,
-           info.n_params / 1e6, info.weight_type, cli_bytes(wb, sizeof wb, (double)info.weight_bytes),
-           threads, n_prompt, n_gen, prefill, decode, cli_bytes(kvb, sizeof kvb, (double)kv_bytes),
+    char kvb[32], kvp[32], rssb[32], wb[32];
+    printf("| model | params | weights | KV policy | KV type | threads | n_prompt | n_gen | "
+           "prefill tok/s | decode tok/s | decode time in KV layer | KV bytes (peak) | peak RSS |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("| %s | %.1fM | %s %s | %s | %s | %d | %d | %d | %.1f | %.1f | %.1f%% | %s (%s) | %s |\n",
+           label, info.n_params / 1e6, info.weight_type,
+           cli_bytes(wb, sizeof wb, (double)info.weight_bytes), kv_spec, kv_type, threads,
+           n_prompt, n_gen, prefill, decode, 100 * attn_share,
+           cli_bytes(kvb, sizeof kvb, (double)kv_bytes), cli_bytes(kvp, sizeof kvp, (double)kv_peak),
            cli_bytes(rssb, sizeof rssb, (double)rss));
     if (json) {
-        char buf[2048];
+        char buf[4096], jl[1024], jk[512];
         int len = snprintf(buf, sizeof buf,
                            "{\"model\": \"%s\", \"weight_type\": \"%s\", \"n_params\": %lld, "
+                           "\"kv\": \"%s\", \"kv_type\": \"%s\", "
                            "\"threads\": %d, \"n_prompt\": %d, \"n_gen\": %d, "
-                           "\"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f, \"kv_bytes\": %zu, "
+                           "\"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f, "
+                           "\"decode_kv_share\": %.4f, \"kv_bytes\": %zu, \"kv_bytes_peak\": %zu, "
                            "\"peak_rss_bytes\": %zu}\n",
-                           label, info.weight_type, (long long)info.n_params, threads, n_prompt,
-                           n_gen, prefill, decode, kv_bytes, rss);
+                           cli_json_escape(jl, sizeof jl, label), info.weight_type,
+                           (long long)info.n_params, cli_json_escape(jk, sizeof jk, kv_spec),
+                           kv_type, threads, n_prompt, n_gen, prefill, decode, attn_share,
+                           kv_bytes, kv_peak, rss);
         if (cli_write_file(cmd, json, buf, (size_t)len) != 0) {
             err.msg[0] = 0;
             goto fail;

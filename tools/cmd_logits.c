@@ -18,12 +18,21 @@ static const char *const help =
 
 int cmd_logits(int argc, char **argv)
 {
+    kvs_session_params params = kvs_session_default_params();
     const char *cmd = "logits", *model_path = NULL, *tokens_path = NULL, *out_path = NULL, *v;
     int threads = cli_default_threads(), chunk = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        int kv = cli_kv_flags(cmd, argc, argv, &i, &params);
+        if (kv < 0)
+            return CLI_USAGE;
+        if (kv == 2)
+            return CLI_OK;
+        if (kv == 1)
+            continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(help, stdout);
+            fputs(cli_kv_help, stdout);
             return CLI_OK;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
             if (!(model_path = cli_value(cmd, argc, argv, &i)))
@@ -59,7 +68,6 @@ int cmd_logits(int argc, char **argv)
     float *logits = NULL;
     int rc = CLI_FAIL;
     kvs_model_info info;
-    kvs_session_params params = kvs_session_default_params();
     params.n_threads = threads;
     params.chunk = chunk;
     if (kvs_model_load(model_path, &m, &err) != KVS_OK)

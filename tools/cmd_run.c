@@ -23,16 +23,26 @@ static const char *const help =
     "  -c, --ctx N         context length (default: the model's)\n"
     "  --chunk N           prompt tokens per forward batch (default 512)\n";
 
+
 int cmd_run(int argc, char **argv)
 {
     const char *cmd = "run", *model_path = NULL, *text = NULL, *file = NULL, *v;
     int n_predict = 256, n_ctx = 0, chunk = 0, threads = cli_default_threads();
     kvs_sampler_params sp = {.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = 42};
+    kvs_session_params params = kvs_session_default_params();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
 #define VALUE() (v = cli_value(cmd, argc, argv, &i))
+        int kv = cli_kv_flags(cmd, argc, argv, &i, &params);
+        if (kv < 0)
+            return CLI_USAGE;
+        if (kv == 2)
+            return CLI_OK;
+        if (kv == 1)
+            continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(help, stdout);
+            fputs(cli_kv_help, stdout);
             return CLI_OK;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
             if (!(model_path = VALUE()))
@@ -89,7 +99,6 @@ int cmd_run(int argc, char **argv)
     int n_prompt = 0, n_gen = 0, rc = CLI_FAIL;
     double t_prefill = 0, t_decode = 0;
     kvs_model_info info;
-    kvs_session_params params = kvs_session_default_params();
     params.n_threads = threads;
     params.n_ctx = n_ctx;
     params.chunk = chunk;

@@ -44,6 +44,7 @@
 /* How long a waiting thread spins before sleeping. Decode issues a run every few tens of
  * microseconds, so this keeps the workers hot within a token while idle pools go quiet. */
 #define KVS_POOL_SPIN_NS 50000LL
+#define KVS_POOL_YIELD_NS 5000LL
 
 struct kvs_worker {
     struct kvs_pool *pool;
@@ -84,11 +85,13 @@ static int64_t now_ns(void)
 }
 
 /* Spins while (*word == val) == while_equal, at most about KVS_POOL_SPIN_NS. Returns the last
- * value seen. */
+ * value seen. After the first KVS_POOL_YIELD_NS the spin also yields now and then, so that a
+ * thread of ours that was preempted (busy machine, more threads than CPUs) gets the CPU back
+ * quickly instead of after a full scheduler time slice. */
 static unsigned spin_on(const struct kvs_pool *pool, atomic_uint *word, unsigned val,
                         int while_equal)
 {
-    int64_t deadline = 0;
+    int64_t start = 0;
     for (unsigned i = 0;; i++) {
         unsigned cur = atomic_load_explicit(word, memory_order_acquire);
         if ((cur == val) != while_equal)
@@ -99,10 +102,12 @@ static unsigned spin_on(const struct kvs_pool *pool, atomic_uint *word, unsigned
             KVS_CPU_RELAX();
         if ((i & 63) == 63) {
             int64_t t = now_ns();
-            if (deadline == 0)
-                deadline = t + KVS_POOL_SPIN_NS;
-            else if (t > deadline)
+            if (start == 0)
+                start = t;
+            else if (t - start > KVS_POOL_SPIN_NS)
                 return cur;
+            else if (t - start > KVS_POOL_YIELD_NS && !pool->oversubscribed)
+                sched_yield();
         }
     }
 }

@@ -7,6 +7,7 @@
 #include "kv/kv.h"
 #include "model/forward.h"
 #include "model/llama.h"
+#include "engine/session_internal.h"
 
 struct kvs_session {
     const kvs_model *model;
@@ -202,3 +203,5 @@ size_t kvs_session_kv_bytes_full_f16(const kvs_session *s)
 {
     return kvs_kv_bytes_full_f16(s->kv, s->n_past);
 }
+
+kvs_kv *kvs_session_kv(kvs_session *s) { return s->kv; }

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kv/attention.h"
 #include "policies/policies.h"
@@ -30,6 +31,7 @@ struct kvs_kv {
     int step_layers;
     kvs_kv_step_stats last;
     size_t peak;
+    double decode_seconds;
 
     kvs_kv_observer observer;
     void *observer_ctx;
@@ -122,6 +124,7 @@ void kvs_kv_reset(kvs_kv *kv)
         kvs_store_clear(kv->shadow);
     kv->prompt_left = 0;
     kv->peak = 0;
+    kv->decode_seconds = 0;
     memset(&kv->last, 0, sizeof kv->last);
 }
 
@@ -357,7 +360,12 @@ kvs_status kvs_kv_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, const floa
         return kvs_fail(err, KVS_ERR_ARG, "no prompt has begun (kvs_kv_begin_prompt)");
     if (n != 1)
         return kvs_fail(err, KVS_ERR_ARG, "decode steps take one token, got %d", n);
-    return decode_layer(kv, pool, layer, q, k, v, pos, out, err);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    kvs_status st = decode_layer(kv, pool, layer, q, k, v, pos, out, err);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    kv->decode_seconds += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    return st;
 }
 
 void kvs_kv_end_batch(kvs_kv *kv, int n)
@@ -386,6 +394,7 @@ size_t kvs_kv_bytes(const kvs_kv *kv)
 }
 
 size_t kvs_kv_peak_bytes(const kvs_kv *kv) { return kv->peak; }
+double kvs_kv_decode_seconds(const kvs_kv *kv) { return kv->decode_seconds; }
 
 size_t kvs_kv_bytes_full_f16(const kvs_kv *kv, int64_t n_tokens)
 {

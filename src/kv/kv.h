@@ -54,6 +54,10 @@ typedef struct kvs_kv_step_stats {
 } kvs_kv_step_stats;
 void kvs_kv_last_step(const kvs_kv *kv, kvs_kv_step_stats *st);
 
+/* Wall time spent in the kv layer (policy hooks and attention) during decode steps since the
+ * last reset, in seconds. */
+double kvs_kv_decode_seconds(const kvs_kv *kv);
+
 /* Tests: called after every policy hook with the hook's name. */
 typedef void (*kvs_kv_observer)(void *ctx, const kvs_kv *kv, int layer, const char *hook);
 void kvs_kv_set_observer(kvs_kv *kv, kvs_kv_observer fn, void *ctx);

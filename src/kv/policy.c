@@ -180,8 +180,9 @@ void kvs_policy_help(FILE *f)
         if (t->kind != KVS_KIND_FULL)
             fprintf(f, "           budget      required\n");
         for (int j = 0; j < t->n_params; j++)
-            fprintf(f, "           %-11s default %g, range [%g, %g]: %s\n", t->params[j].name,
-                    t->params[j].def, t->params[j].min, t->params[j].max, t->params[j].help);
+            fprintf(f, "           %-11s default %.10g, range [%.10g, %.10g]: %s\n",
+                    t->params[j].name, t->params[j].def, t->params[j].min, t->params[j].max,
+                    t->params[j].help);
     }
 }
 
