@@ -14,6 +14,7 @@ static const struct {
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"convert", cmd_convert, "convert a llama2.c checkpoint to GGUF"},
     {"bench", cmd_bench, "measure prefill and decode speed"},
+    {"eval", cmd_eval, "fidelity of KV policies against the full cache"},
 };
 
 static void usage(FILE *f)

@@ -144,8 +144,12 @@ kvs_status kvs_policy_parse(const char *text, kvs_policy_spec *out, kvs_error *e
     size_t len = (size_t)snprintf(out->text, sizeof out->text, "%s", t->name);
     char sep = ':';
     if (t->kind != KVS_KIND_FULL) {
-        len += (size_t)snprintf(out->text + len, sizeof out->text - len, "%cbudget=%g", sep,
-                                out->budget);
+        /* A fraction keeps its decimal point, so the text parses back to the same budget. */
+        char b[32];
+        snprintf(b, sizeof b, "%.10g", out->budget);
+        if (out->budget_is_fraction && !strpbrk(b, ".eE"))
+            strcat(b, ".0");
+        len += (size_t)snprintf(out->text + len, sizeof out->text - len, "%cbudget=%s", sep, b);
         sep = ',';
     }
     for (int i = 0; i < t->n_params && len < sizeof out->text; i++)
