@@ -6,7 +6,27 @@
 
 extern const kvs_policy_type kvs_policy_full;
 extern const kvs_policy_type kvs_policy_streaming;
+extern const kvs_policy_type kvs_policy_h2o;
+extern const kvs_policy_type kvs_policy_tova;
+extern const kvs_policy_type kvs_policy_snapkv;
+extern const kvs_policy_type kvs_policy_knorm;
+extern const kvs_policy_type kvs_policy_random;
+extern const kvs_policy_type kvs_policy_quest;
 
-#define KVS_POLICY_REGISTRY &kvs_policy_full, &kvs_policy_streaming
+#define KVS_POLICY_REGISTRY                                                                  \
+    &kvs_policy_full, &kvs_policy_streaming, &kvs_policy_h2o, &kvs_policy_tova,              \
+        &kvs_policy_snapkv, &kvs_policy_knorm, &kvs_policy_random, &kvs_policy_quest
+
+/* For policies' start hooks: a budget given as a token count must fit the context (the
+ * store's slot limit); a budget as large as the context keeps everything. */
+static inline kvs_status kvs_policy_check_context(const kvs_policy *p, kvs_error *err)
+{
+    const int ctx = kvs_store_cfg(p->store)->max_slots;
+    if (!p->spec.budget_is_fraction && p->budget > ctx)
+        return kvs_fail(err, KVS_ERR_ARG,
+                        "--kv %s: budget of %d slots exceeds the context of %d tokens",
+                        p->spec.text, p->budget, ctx);
+    return KVS_OK;
+}
 
 #endif

@@ -1,0 +1,92 @@
+/* h2o (Heavy-Hitter Oracle): keeps the recent half of the budget and, among older tokens, the
+ * "heavy hitters" with the largest accumulated attention.
+ *
+ * Score (metadata channel 0): the softmax probability a slot received, summed over every prompt
+ * query row (prefill column sums) and every decode step, each row first averaged over the query
+ * heads of the slot's KV head (GQA group mean). Not normalised by age.
+ * Keep: the budget/2 newest slots (integer division), and the top-scored among the rest.
+ * Prefill: after every chunk the head is evicted down to the budget, so long prompts processed
+ * in chunks stay bounded. Decode: the new token is appended (no before_append), attention runs
+ * over budget + 1 slots, then after_attention adds the step's probabilities and evicts the one
+ * lowest-scored slot outside the recent half (ties: the oldest goes). */
+#include <stdlib.h>
+
+#include "policies/policies.h"
+
+enum { SCORE = 0 };
+
+static kvs_status start(kvs_policy *p, kvs_error *err)
+{
+    return kvs_policy_check_context(p, err);
+}
+
+static int wants_row(const kvs_policy *p, int layer, int32_t pos)
+{
+    (void)p, (void)layer, (void)pos;
+    return 1;
+}
+
+static int recent_of(const kvs_policy *p) { return p->budget / 2; }
+
+static kvs_status prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kvs_error *err)
+{
+    (void)err;
+    const int group = p->n_heads / p->n_kv_heads;
+    const float inv = 1.0f / (float)group;
+    for (int h = 0; h < p->n_kv_heads; h++) {
+        const int n = kvs_store_count(p->store, layer, h);
+        float *score = kvs_store_meta(p->store, layer, h, SCORE);
+        if (c->colsum)
+            for (int g = 0; g < group; g++) {
+                const float *cs = c->colsum + (size_t)(h * group + g) * c->colsum_stride;
+                for (int j = 0; j < n; j++)
+                    score[j] += cs[j] * inv;
+            }
+        kvs_evict_keep_top(p->store, layer, h, score, p->budget, 0, recent_of(p),
+                           KVS_TIE_KEEP_NEWER);
+    }
+    return KVS_OK;
+}
+
+static kvs_status after_attention(kvs_policy *p, int layer, const float *probs, int stride,
+                                  kvs_error *err)
+{
+    (void)err;
+    const int group = p->n_heads / p->n_kv_heads, recent = recent_of(p);
+    const float inv = 1.0f / (float)group;
+    for (int h = 0; h < p->n_kv_heads; h++) {
+        const int n = kvs_store_count(p->store, layer, h);
+        float *score = kvs_store_meta(p->store, layer, h, SCORE);
+        for (int g = 0; g < group; g++) {
+            const float *pr = probs + (size_t)(h * group + g) * stride;
+            for (int j = 0; j < n; j++)
+                score[j] += pr[j] * inv;
+        }
+        if (n <= p->budget)
+            continue;
+        if (n == p->budget + 1) {
+            /* The usual step: one victim, the lowest score outside the recent window; a
+             * strict < keeps the oldest of equal scores as the victim. */
+            int victim = 0;
+            for (int j = 1; j < n - recent; j++)
+                if (score[j] < score[victim])
+                    victim = j;
+            kvs_store_remove(p->store, layer, h, victim);
+        } else {
+            kvs_evict_keep_top(p->store, layer, h, score, p->budget, 0, recent,
+                               KVS_TIE_KEEP_NEWER);
+        }
+    }
+    return KVS_OK;
+}
+
+const kvs_policy_type kvs_policy_h2o = {
+    .name = "h2o",
+    .summary = "H2O: recent half + heavy hitters by accumulated attention (group mean)",
+    .kind = KVS_KIND_EVICTING,
+    .n_meta = 1,
+    .start = start,
+    .wants_row = wants_row,
+    .prefill_chunk = prefill_chunk,
+    .after_attention = after_attention,
+};
