@@ -148,9 +148,11 @@ kvs_status kvs_session_eval(kvs_session *s, const int32_t *tokens, int n, float 
     if (n <= 0)
         return kvs_fail(err, KVS_ERR_ARG, "no tokens to evaluate");
     if (n > s->params.n_ctx - s->n_past)
-        return kvs_fail(err, KVS_ERR_ARG,
-                        "%d tokens after %d exceed the context length %d", n, s->n_past,
-                        s->params.n_ctx);
+        return s->n_past == 0
+                   ? kvs_fail(err, KVS_ERR_ARG, "a prompt of %d tokens exceeds the context "
+                              "length %d", n, s->params.n_ctx)
+                   : kvs_fail(err, KVS_ERR_ARG, "%d tokens after %d exceed the context length "
+                              "%d", n, s->n_past, s->params.n_ctx);
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= vocab)
             return kvs_fail(err, KVS_ERR_ARG,
