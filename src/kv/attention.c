@@ -11,6 +11,8 @@ struct kvs_attn_scratch {
     float *buf;
     size_t per_thread; /* floats */
     int n_threads;
+    float *gemm;       /* prefill path: grouped queries, scores, transposed values, outputs */
+    size_t gemm_cap;   /* floats */
 };
 
 kvs_attn_scratch *kvs_attn_scratch_new(void) { return calloc(1, sizeof(kvs_attn_scratch)); }
@@ -20,6 +22,7 @@ void kvs_attn_scratch_free(kvs_attn_scratch *sc)
     if (!sc)
         return;
     free(sc->buf);
+    free(sc->gemm);
     free(sc);
 }
 
@@ -122,6 +125,106 @@ static void reduce_colsum(const kvs_attn_args *a, const kvs_attn_scratch *sc, co
     }
 }
 
+/* Prefill path: per KV head, the group's query rows times the keys (S = Q K^T) and the
+ * probabilities times the values (O = P V) as matrix products on the pool, with the causal
+ * softmax in between. */
+typedef struct gemm_softmax {
+    const kvs_attn_args *a;
+    kvs_attn_scratch *sc;
+    float *S;
+    const int *visible; /* per query row i: slots it sees */
+    int rows, n, count, head0, max_count;
+    size_t colsum_off;
+    float scale;
+} gemm_softmax;
+
+static void gemm_softmax_worker(void *ctx, int ith, int nth)
+{
+    gemm_softmax *g = ctx;
+    float *colsum = g->sc->buf + (size_t)ith * g->sc->per_thread + g->colsum_off;
+    for (int r = ith; r < g->rows; r += nth) {
+        int i = r % g->n, L = g->visible[i];
+        float *row = g->S + (size_t)r * g->count;
+        for (int j = 0; j < L; j++)
+            row[j] *= g->scale;
+        if (L > 0)
+            kvs_softmax(row, L);
+        memset(row + L, 0, sizeof(float) * (size_t)(g->count - L));
+        if (g->a->colsum && g->a->row_mask[i])
+            kvs_axpy_f32(colsum + (size_t)(g->head0 + r / g->n) * g->max_count, 1.0f, row, L);
+    }
+}
+
+static kvs_status reserve_gemm(kvs_attn_scratch *sc, size_t floats, kvs_error *err)
+{
+    if (floats <= sc->gemm_cap)
+        return KVS_OK;
+    free(sc->gemm);
+    sc->gemm_cap = 0;
+    if (!(sc->gemm = malloc(sizeof(float) * floats)))
+        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for attention (%zu MiB)",
+                        floats * sizeof(float) >> 20);
+    sc->gemm_cap = floats;
+    return KVS_OK;
+}
+
+static kvs_status attend_gemm(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_attn_args *a,
+                              const task *t, kvs_error *err)
+{
+    const kvs_store *s = a->store;
+    const kvs_store_config *cfg = kvs_store_cfg(s);
+    const int hd = t->hd, group = t->group, n = a->n, rows = group * n;
+    for (int kvh = 0; kvh < cfg->n_kv_heads; kvh++) {
+        const int count = kvs_store_count(s, a->layer, kvh);
+        const int32_t *pos = kvs_store_pos(s, a->layer, kvh);
+        size_t need = (size_t)rows * hd * 2 + (size_t)rows * count + (size_t)hd * count + n;
+        kvs_status st = reserve_gemm(sc, need, err);
+        if (st != KVS_OK)
+            return st;
+        float *Q = sc->gemm, *O = Q + (size_t)rows * hd, *S = O + (size_t)rows * hd,
+              *VT = S + (size_t)rows * count;
+        int *visible = (int *)(VT + (size_t)hd * count);
+        for (int g = 0; g < group; g++)
+            for (int i = 0; i < n; i++)
+                memcpy(Q + ((size_t)g * n + i) * hd,
+                       a->q + ((size_t)i * a->n_heads + kvh * group + g) * hd, sizeof(float) * hd);
+        for (int i = 0; i < n; i++) {
+            int lo = 0, hi = count; /* first slot after qpos[i] (positions are sorted) */
+            while (lo < hi) {
+                int mid = (lo + hi) / 2;
+                if (pos[mid] <= a->qpos[i])
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            visible[i] = lo;
+        }
+        const char *values = kvs_store_values(s, a->layer, kvh);
+        for (int j = 0; j < count; j++) {
+            float v[hd];
+            if (cfg->type == KVS_F32)
+                memcpy(v, values + (size_t)j * hd * 4, sizeof(float) * hd);
+            else
+                kvs_dequantize_row(KVS_F16, values + (size_t)j * hd * 2, v, hd);
+            for (int d = 0; d < hd; d++)
+                VT[(size_t)d * count + j] = v[d];
+        }
+        kvs_matmul(pool, S, Q, kvs_store_keys(s, a->layer, kvh), cfg->type, rows, hd, count);
+        gemm_softmax gs = {a, sc, S, visible, rows, n, count, kvh * group, t->max_count,
+                           t->colsum_off, 1.0f / sqrtf((float)hd)};
+        kvs_pool_run(pool, gemm_softmax_worker, &gs);
+        kvs_matmul(pool, O, S, VT, KVS_F32, rows, count, hd);
+        for (int g = 0; g < group; g++)
+            for (int i = 0; i < n; i++)
+                memcpy(a->out + ((size_t)i * a->n_heads + kvh * group + g) * hd,
+                       O + ((size_t)g * n + i) * hd, sizeof(float) * hd);
+    }
+    return KVS_OK;
+}
+
+/* Below this many query rows the per-row dot-product path is cheaper than the products. */
+#define KVS_ATTN_GEMM_MIN_ROWS 16
+
 kvs_status kvs_attention(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_attn_args *a,
                          kvs_error *err)
 {
@@ -148,7 +251,17 @@ kvs_status kvs_attention(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_attn_ar
         sc->per_thread = want;
         sc->n_threads = nth;
     }
-    kvs_pool_run(pool, worker, &t);
+    if (a->n >= KVS_ATTN_GEMM_MIN_ROWS && !a->sel && !a->probs) {
+        if (a->colsum)
+            for (int th = 0; th < nth; th++)
+                memset(sc->buf + (size_t)th * sc->per_thread + t.colsum_off, 0,
+                       sizeof(float) * (size_t)a->n_heads * t.max_count);
+        kvs_status st = attend_gemm(pool, sc, a, &t, err);
+        if (st != KVS_OK)
+            return st;
+    } else {
+        kvs_pool_run(pool, worker, &t);
+    }
     if (a->colsum)
         reduce_colsum(a, sc, &t, nth);
     return KVS_OK;
