@@ -1,6 +1,7 @@
 /* Matmul benchmark on the shapes of an 85.7M-parameter Llama (dim 768, hidden 2048).
  *
- *   bench_matmul [reps] [types]      e.g. bench_matmul 5 f32,q8_0
+ *   bench_matmul [reps] [types] [threads]     e.g. bench_matmul 5 f32,q8_0 2
+ * (defaults: 5 reps; f32,f16,bf16,q8_0,q4_0; 1 and 2 threads)
  *
  * For each weight type and 1 and 2 threads:
  *   prefill  n_rows = 512, per shape GFLOP/s (2*rows*in*out / time), best of reps
@@ -173,7 +174,10 @@ int main(int argc, char **argv)
     openblas_set_num_threads(1);
     char buf[256];
     snprintf(buf, sizeof buf, "%s", list);
+    const int t_only = argc > 3 ? atoi(argv[3]) : 0;
     for (int nt = 1; nt <= 2; nt++) {
+        if (t_only > 0 && nt != t_only)
+            continue;
         char tmp[256];
         memcpy(tmp, buf, sizeof tmp);
         for (char *tok = strtok(tmp, ","); tok; tok = strtok(NULL, ",")) {

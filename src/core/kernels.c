@@ -377,8 +377,12 @@ void kvs_rope(float *vec, int n_heads, int head_dim, int rot_dim, int pos, float
         for (int p = 0; p < np; p++) {
             const float freq = 1.0f / powf(base, (float)(2 * (p0 + p)) / (float)rot_dim);
             const float val = (float)pos * freq;
+#if defined(_GNU_SOURCE) && defined(__GLIBC__)
+            sincosf(val, &sn[p], &cs[p]); /* same results as sinf/cosf in glibc, one call */
+#else
             cs[p] = cosf(val);
             sn[p] = sinf(val);
+#endif
         }
         for (int h = 0; h < n_heads; h++) {
             float *v = vec + (size_t)h * head_dim;
