@@ -39,8 +39,77 @@ static void reference(int layer, int h, const float *q, int qpos, double *out)
             out[i] += s[t] / z * vals[layer][t][kvh][i];
 }
 
+/* Random appends, keeps and removals against a plain array model of one head. */
+static void store_ops(kvs_dtype type)
+{
+    enum { CAP = 400, D = 4 };
+    kvs_store_config cfg = {1, 1, D, CAP, type, 2};
+    kvs_store *s = kvs_store_new(&cfg);
+    int model_pos[CAP], n = 0, next = 0, ok = 1;
+    kvs_error err;
+    for (int step = 0; step < 3000 && ok; step++) {
+        unsigned r = (rng = rng * 1664525u + 1013904223u) >> 8;
+        if (r % 3 == 0 || n < 8) { /* append 1..6 tokens */
+            int k = 1 + (int)(r % 6);
+            if (n + k > CAP)
+                continue;
+            float kv[6 * D];
+            int32_t pos[6];
+            for (int i = 0; i < k; i++) {
+                pos[i] = next + i;
+                for (int d = 0; d < D; d++)
+                    kv[i * D + d] = (float)((next + i) % 1024) + 0.25f * d;
+                model_pos[n + i] = next + i;
+            }
+            CHECK(kvs_store_append(s, 0, k, kv, kv, pos, &err) == KVS_OK);
+            for (int i = 0; i < k; i++)
+                for (int c = 0; c < 2; c++)
+                    kvs_store_meta(s, 0, 0, c)[n + i] = (float)(next + i) * (c + 1);
+            n += k;
+            next += k + (int)(r % 2);
+        } else if (r % 3 == 1) { /* remove one slot */
+            int victim = (int)((r >> 4) % (unsigned)n);
+            kvs_store_remove(s, 0, 0, victim);
+            memmove(model_pos + victim, model_pos + victim + 1, sizeof(int) * (n - victim - 1));
+            n--;
+        } else { /* keep: a window (one gap) or every other slot */
+            int keep[CAP], k = 0;
+            if (r & 16) {
+                int a = 1 + (int)((r >> 5) % 4), b = a + 1 + (int)((r >> 7) % (unsigned)(n / 2));
+                for (int i = 0; i < n; i++)
+                    if (i < a || i >= b)
+                        keep[k++] = i;
+            } else {
+                for (int i = 0; i < n; i++)
+                    if (i % 2 == 0 || i == n - 1)
+                        keep[k++] = i;
+            }
+            kvs_store_keep(s, 0, 0, keep, k);
+            for (int i = 0; i < k; i++)
+                model_pos[i] = model_pos[keep[i]];
+            n = k;
+        }
+        ok &= kvs_store_count(s, 0, 0) == n;
+        const int32_t *pos = kvs_store_pos(s, 0, 0);
+        for (int i = 0; i < n && ok; i++) {
+            float key[D], val[D];
+            kvs_store_key_f32(s, 0, 0, i, key);
+            kvs_store_value_f32(s, 0, 0, i, val);
+            ok &= pos[i] == model_pos[i] && key[0] == (float)(pos[i] % 1024) &&
+                  val[D - 1] == key[D - 1] &&
+                  kvs_store_meta(s, 0, 0, 1)[i] == 2.0f * (float)pos[i] &&
+                  (i == 0 || pos[i] > pos[i - 1]);
+        }
+        CHECKF(ok, "store state diverged from the model at step %d", step);
+        CHECK(kvs_store_bytes(s) == (size_t)n * kvs_store_slot_bytes(s));
+    }
+    kvs_store_free(s);
+}
+
 int main(void)
 {
+    store_ops(KVS_F32);
+    store_ops(KVS_F16);
     for (int l = 0; l < LAYERS; l++)
         for (int t = 0; t < T; t++)
             for (int h = 0; h < KV_HEADS; h++)

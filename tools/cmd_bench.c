@@ -208,10 +208,20 @@ int cmd_bench(int argc, char **argv)
     for (int i = 0; i < n_prompt + n_gen; i++)
         tokens[i] = (int32_t)(rand_next(&state) % (unsigned)info.n_vocab);
 
-    /* Warm-up: page in the weights and grow the buffers. */
-    int warm = n_prompt < 32 ? n_prompt : 32;
-    if (kvs_session_eval(s, tokens, warm, NULL, 0, &err) != KVS_OK)
-        goto fail;
+    /* Warm-up: page in the weights, on a full-cache session so a short warm-up prompt cannot
+     * conflict with the policy's budget. */
+    {
+        kvs_session_params wp = params;
+        wp.kv_policy = NULL;
+        kvs_session *warm_s = NULL;
+        int warm = n_prompt < 32 ? n_prompt : 32;
+        st = kvs_session_new(m, &wp, &warm_s, &err);
+        if (st == KVS_OK)
+            st = kvs_session_eval(warm_s, tokens, warm, NULL, 0, &err);
+        kvs_session_free(warm_s);
+        if (st != KVS_OK)
+            goto fail;
+    }
     double sum_prefill = 0, sum_decode = 0, sum_attn_share = 0;
     size_t kv_bytes = 0, kv_peak = 0;
     for (int r = 0; r < reps; r++) {

@@ -5,11 +5,13 @@
 
 #include "core/kernels.h"
 
+/* Live slots occupy rows [start, start + count) of arrays of cap rows. A free prefix lets a
+ * removal near the front move the few slots before it instead of the long tail after it. */
 typedef struct store_head {
     char *keys, *values; /* cap rows of row_bytes */
     int32_t *pos;
     float *meta[KVS_STORE_MAX_META];
-    int count, cap;
+    int start, count, cap;
 } store_head;
 
 struct kvs_store {
@@ -70,10 +72,30 @@ void kvs_store_clear(kvs_store *s)
 
 const kvs_store_config *kvs_store_cfg(const kvs_store *s) { return &s->cfg; }
 int kvs_store_count(const kvs_store *s, int layer, int head) { return head_at(s, layer, head)->count; }
-const int32_t *kvs_store_pos(const kvs_store *s, int layer, int head) { return head_at(s, layer, head)->pos; }
-const void *kvs_store_keys(const kvs_store *s, int layer, int head) { return head_at(s, layer, head)->keys; }
-const void *kvs_store_values(const kvs_store *s, int layer, int head) { return head_at(s, layer, head)->values; }
-float *kvs_store_meta(kvs_store *s, int layer, int head, int c) { return head_at(s, layer, head)->meta[c]; }
+
+const int32_t *kvs_store_pos(const kvs_store *s, int layer, int head)
+{
+    const store_head *h = head_at(s, layer, head);
+    return h->pos ? h->pos + h->start : NULL;
+}
+
+const void *kvs_store_keys(const kvs_store *s, int layer, int head)
+{
+    const store_head *h = head_at(s, layer, head);
+    return h->keys ? h->keys + (size_t)h->start * s->row_bytes : NULL;
+}
+
+const void *kvs_store_values(const kvs_store *s, int layer, int head)
+{
+    const store_head *h = head_at(s, layer, head);
+    return h->values ? h->values + (size_t)h->start * s->row_bytes : NULL;
+}
+
+float *kvs_store_meta(kvs_store *s, int layer, int head, int c)
+{
+    store_head *h = head_at(s, layer, head);
+    return h->meta[c] ? h->meta[c] + h->start : NULL;
+}
 
 static void row_to_f32(const kvs_store *s, const char *row, float *out)
 {
@@ -85,17 +107,40 @@ static void row_to_f32(const kvs_store *s, const char *row, float *out)
 
 void kvs_store_key_f32(const kvs_store *s, int layer, int head, int slot, float *out)
 {
-    row_to_f32(s, head_at(s, layer, head)->keys + (size_t)slot * s->row_bytes, out);
+    row_to_f32(s, (const char *)kvs_store_keys(s, layer, head) + (size_t)slot * s->row_bytes, out);
 }
 
 void kvs_store_value_f32(const kvs_store *s, int layer, int head, int slot, float *out)
 {
-    row_to_f32(s, head_at(s, layer, head)->values + (size_t)slot * s->row_bytes, out);
+    row_to_f32(s, (const char *)kvs_store_values(s, layer, head) + (size_t)slot * s->row_bytes,
+               out);
+}
+
+/* Moves rows [from, from + n) to [to, to + n) in every array of a head. */
+static void move_rows(const kvs_store *s, store_head *h, int to, int from, int n)
+{
+    if (n <= 0 || to == from)
+        return;
+    memmove(h->keys + (size_t)to * s->row_bytes, h->keys + (size_t)from * s->row_bytes,
+            (size_t)n * s->row_bytes);
+    memmove(h->values + (size_t)to * s->row_bytes, h->values + (size_t)from * s->row_bytes,
+            (size_t)n * s->row_bytes);
+    memmove(h->pos + to, h->pos + from, (size_t)n * sizeof *h->pos);
+    for (int c = 0; c < s->cfg.n_meta; c++)
+        memmove(h->meta[c] + to, h->meta[c] + from, (size_t)n * sizeof(float));
+}
+
+/* Moves the live slots to row 0. */
+static void rebase(const kvs_store *s, store_head *h)
+{
+    move_rows(s, h, 0, h->start, h->count);
+    h->start = 0;
 }
 
 /* Resizes a head's arrays to exactly cap slots (cap >= count). */
 static int head_resize(const kvs_store *s, store_head *h, int cap)
 {
+    rebase(s, h);
     if (cap == h->cap)
         return 0;
     if (cap == 0) {
@@ -139,6 +184,8 @@ kvs_status kvs_store_append(kvs_store *s, int layer, int n, const float *k, cons
             return kvs_fail(err, KVS_ERR_ARG, "KV append: position %d is not after %d", pos[0],
                             H->pos[H->count - 1]);
         int need = H->count + n;
+        if (H->start + need > H->cap)
+            rebase(s, H);
         if (need > H->cap) {
             int cap = need + slack(need);
             if (cap > s->cfg.max_slots)
@@ -148,7 +195,7 @@ kvs_status kvs_store_append(kvs_store *s, int layer, int n, const float *k, cons
                                 "out of memory growing the KV cache to %d slots", cap);
         }
         for (int i = 0; i < n; i++) {
-            int slot = H->count + i;
+            int slot = H->start + H->count + i;
             const float *kr = k + ((size_t)i * nkv + h) * hd, *vr = v + ((size_t)i * nkv + h) * hd;
             if (s->cfg.type == KVS_F32) {
                 memcpy(H->keys + (size_t)slot * s->row_bytes, kr, s->row_bytes);
@@ -169,17 +216,25 @@ kvs_status kvs_store_append(kvs_store *s, int layer, int n, const float *k, cons
 void kvs_store_keep(kvs_store *s, int layer, int head, const int *slots, int n)
 {
     store_head *H = head_at(s, layer, head);
-    for (int i = 0; i < n; i++) {
-        int from = slots[i];
-        if (from == i)
-            continue;
-        memmove(H->keys + (size_t)i * s->row_bytes, H->keys + (size_t)from * s->row_bytes,
-                s->row_bytes);
-        memmove(H->values + (size_t)i * s->row_bytes, H->values + (size_t)from * s->row_bytes,
-                s->row_bytes);
-        H->pos[i] = H->pos[from];
-        for (int c = 0; c < s->cfg.n_meta; c++)
-            H->meta[c][i] = H->meta[c][from];
+    /* One contiguous run [a, b) removed (a sliding window, a single victim): move whichever
+     * side is shorter. Otherwise compact slot by slot. */
+    int a = 0;
+    while (a < n && slots[a] == a)
+        a++;
+    int b = a < n ? slots[a] : H->count;
+    int one_gap = 1;
+    for (int i = a; i < n && one_gap; i++)
+        one_gap = slots[i] == b + (i - a);
+    if (one_gap && b - a == H->count - n) {
+        if (a < H->count - b) {
+            move_rows(s, H, H->start + (b - a), H->start, a);
+            H->start += b - a;
+        } else {
+            move_rows(s, H, H->start + a, H->start + b, H->count - b);
+        }
+    } else {
+        for (int i = 0; i < n; i++)
+            move_rows(s, H, H->start + i, H->start + slots[i], 1);
     }
     H->count = n;
     /* Give memory back once the slack is large; a failed shrink keeps the larger block. */
@@ -190,15 +245,12 @@ void kvs_store_keep(kvs_store *s, int layer, int head, const int *slots, int n)
 void kvs_store_remove(kvs_store *s, int layer, int head, int slot)
 {
     store_head *H = head_at(s, layer, head);
-    int tail = H->count - slot - 1;
-    if (tail > 0) {
-        memmove(H->keys + (size_t)slot * s->row_bytes, H->keys + (size_t)(slot + 1) * s->row_bytes,
-                (size_t)tail * s->row_bytes);
-        memmove(H->values + (size_t)slot * s->row_bytes,
-                H->values + (size_t)(slot + 1) * s->row_bytes, (size_t)tail * s->row_bytes);
-        memmove(H->pos + slot, H->pos + slot + 1, (size_t)tail * sizeof *H->pos);
-        for (int c = 0; c < s->cfg.n_meta; c++)
-            memmove(H->meta[c] + slot, H->meta[c] + slot + 1, (size_t)tail * sizeof(float));
+    /* Move whichever side of the slot is shorter. */
+    if (slot < H->count / 2) {
+        move_rows(s, H, H->start + 1, H->start, slot);
+        H->start++;
+    } else {
+        move_rows(s, H, H->start + slot, H->start + slot + 1, H->count - slot - 1);
     }
     H->count--;
 }
