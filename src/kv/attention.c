@@ -30,7 +30,7 @@ typedef struct task {
     const kvs_attn_args *a;
     kvs_attn_scratch *sc;
     int hd, group, max_count;
-    size_t colsum_off, kbuf_off;
+    size_t kbuf_off;
 } task;
 
 /* Dot products with keys stored as F32 or F16. */
@@ -71,57 +71,52 @@ static void weighted_values(const kvs_store *s, int layer, int kvh, const float 
     }
 }
 
+/* Attention of query row i, head h. */
+static void attend_row(const task *t, int i, int h, float *scores, float *tmp)
+{
+    const kvs_attn_args *a = t->a;
+    const kvs_store *s = a->store;
+    const int hd = t->hd, kvh = h / t->group;
+    const size_t off = ((size_t)i * a->n_heads + h) * hd;
+    const int *sel = a->sel ? a->sel[kvh] : NULL;
+    int n;
+    if (sel) {
+        n = a->n_sel[kvh];
+    } else {
+        /* Slots are sorted by position, so the visible ones are a prefix. */
+        const int32_t *pos = kvs_store_pos(s, a->layer, kvh);
+        n = kvs_store_count(s, a->layer, kvh);
+        while (n > 0 && pos[n - 1] > a->qpos[i])
+            n--;
+    }
+    if (n == 0) {
+        memset(a->out + off, 0, sizeof(float) * hd);
+        return;
+    }
+    scores_row(s, a->layer, kvh, a->q + off, sel, n, 1.0f / sqrtf((float)hd), scores, tmp);
+    kvs_softmax(scores, n);
+    weighted_values(s, a->layer, kvh, scores, sel, n, a->out + off, tmp);
+    if (a->probs)
+        memcpy(a->probs + (size_t)h * a->probs_stride, scores, sizeof(float) * n);
+    if (a->colsum && a->row_mask[i])
+        kvs_axpy_f32(a->colsum + (size_t)h * a->colsum_stride, 1.0f, scores, n);
+}
+
 static void worker(void *ctx, int ith, int nth)
 {
     task *t = ctx;
     const kvs_attn_args *a = t->a;
-    const kvs_store *s = a->store;
-    const int hd = t->hd;
-    float *base = t->sc->buf + (size_t)ith * t->sc->per_thread;
-    float *scores = base, *tmp = base + t->kbuf_off, *colsum = base + t->colsum_off;
-    const float scale = 1.0f / sqrtf((float)hd);
-    const int n_tasks = a->n * a->n_heads;
-    if (a->colsum)
-        memset(colsum, 0, sizeof(float) * (size_t)a->n_heads * t->max_count);
-    /* Interleaved assignment balances the causal rows, whose lengths grow with i. */
-    for (int task_id = ith; task_id < n_tasks; task_id += nth) {
-        const int i = task_id / a->n_heads, h = task_id % a->n_heads, kvh = h / t->group;
-        const size_t off = ((size_t)i * a->n_heads + h) * hd;
-        const int *sel = a->sel ? a->sel[kvh] : NULL;
-        int n;
-        if (sel) {
-            n = a->n_sel[kvh];
-        } else {
-            /* Slots are sorted by position, so the visible ones are a prefix. */
-            const int32_t *pos = kvs_store_pos(s, a->layer, kvh);
-            n = kvs_store_count(s, a->layer, kvh);
-            while (n > 0 && pos[n - 1] > a->qpos[i])
-                n--;
-        }
-        if (n == 0) {
-            memset(a->out + off, 0, sizeof(float) * hd);
-            continue;
-        }
-        scores_row(s, a->layer, kvh, a->q + off, sel, n, scale, scores, tmp);
-        kvs_softmax(scores, n);
-        weighted_values(s, a->layer, kvh, scores, sel, n, a->out + off, tmp);
-        if (a->probs)
-            memcpy(a->probs + (size_t)h * a->probs_stride, scores, sizeof(float) * n);
-        if (a->colsum && a->row_mask[i])
-            kvs_axpy_f32(colsum + (size_t)h * t->max_count, 1.0f, scores, n);
-    }
-}
-
-static void reduce_colsum(const kvs_attn_args *a, const kvs_attn_scratch *sc, const task *t,
-                          int nth)
-{
-    for (int th = 0; th < nth; th++) {
-        const float *part = sc->buf + (size_t)th * sc->per_thread + t->colsum_off;
-        for (int h = 0; h < a->n_heads; h++) {
-            int count = kvs_store_count(a->store, a->layer, h / t->group);
-            kvs_axpy_f32(a->colsum + (size_t)h * a->colsum_stride, 1.0f,
-                         part + (size_t)h * t->max_count, count);
-        }
+    float *scores = t->sc->buf + (size_t)ith * t->sc->per_thread, *tmp = scores + t->kbuf_off;
+    if (a->colsum) {
+        /* Each thread owns whole heads and adds their rows in order, so the column sums do
+         * not depend on the thread count. */
+        for (int h = ith; h < a->n_heads; h += nth)
+            for (int i = 0; i < a->n; i++)
+                attend_row(t, i, h, scores, tmp);
+    } else {
+        /* Interleaved rows balance the causal lengths, which grow with i. */
+        for (int k = ith; k < a->n * a->n_heads; k += nth)
+            attend_row(t, k / a->n_heads, k % a->n_heads, scores, tmp);
     }
 }
 
@@ -133,15 +128,13 @@ typedef struct gemm_softmax {
     kvs_attn_scratch *sc;
     float *S;
     const int *visible; /* per query row i: slots it sees */
-    int rows, n, count, head0, max_count;
-    size_t colsum_off;
+    int rows, n, count, head0;
     float scale;
 } gemm_softmax;
 
 static void gemm_softmax_worker(void *ctx, int ith, int nth)
 {
     gemm_softmax *g = ctx;
-    float *colsum = g->sc->buf + (size_t)ith * g->sc->per_thread + g->colsum_off;
     for (int r = ith; r < g->rows; r += nth) {
         int i = r % g->n, L = g->visible[i];
         float *row = g->S + (size_t)r * g->count;
@@ -150,8 +143,22 @@ static void gemm_softmax_worker(void *ctx, int ith, int nth)
         if (L > 0)
             kvs_softmax(row, L);
         memset(row + L, 0, sizeof(float) * (size_t)(g->count - L));
-        if (g->a->colsum && g->a->row_mask[i])
-            kvs_axpy_f32(colsum + (size_t)(g->head0 + r / g->n) * g->max_count, 1.0f, row, L);
+    }
+}
+
+/* Column sums of the requested probability rows: threads split the columns and add the rows
+ * in order, so the sums do not depend on the thread count. */
+static void gemm_colsum_worker(void *ctx, int ith, int nth)
+{
+    gemm_softmax *g = ctx;
+    const kvs_attn_args *a = g->a;
+    int j0 = (int)((int64_t)g->count * ith / nth), j1 = (int)((int64_t)g->count * (ith + 1) / nth);
+    for (int r = 0; r < g->rows; r++) {
+        int i = r % g->n;
+        if (!a->row_mask[i] || j0 >= j1)
+            continue;
+        float *dst = a->colsum + (size_t)(g->head0 + r / g->n) * a->colsum_stride;
+        kvs_axpy_f32(dst + j0, 1.0f, g->S + (size_t)r * g->count + j0, j1 - j0);
     }
 }
 
@@ -210,9 +217,11 @@ static kvs_status attend_gemm(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_at
                 VT[(size_t)d * count + j] = v[d];
         }
         kvs_matmul(pool, S, Q, kvs_store_keys(s, a->layer, kvh), cfg->type, rows, hd, count);
-        gemm_softmax gs = {a, sc, S, visible, rows, n, count, kvh * group, t->max_count,
-                           t->colsum_off, 1.0f / sqrtf((float)hd)};
+        gemm_softmax gs = {a, sc, S, visible, rows, n, count, kvh * group,
+                           1.0f / sqrtf((float)hd)};
         kvs_pool_run(pool, gemm_softmax_worker, &gs);
+        if (a->colsum)
+            kvs_pool_run(pool, gemm_colsum_worker, &gs);
         kvs_matmul(pool, O, S, VT, KVS_F32, rows, count, hd);
         for (int g = 0; g < group; g++)
             for (int i = 0; i < n; i++)
@@ -237,8 +246,7 @@ kvs_status kvs_attention(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_attn_ar
             t.max_count = c;
     }
     t.kbuf_off = (size_t)t.max_count;
-    t.colsum_off = t.kbuf_off + (size_t)t.hd;
-    size_t per_thread = t.colsum_off + (a->colsum ? (size_t)a->n_heads * t.max_count : 0);
+    size_t per_thread = t.kbuf_off + (size_t)t.hd;
     per_thread = (per_thread + 15) & ~(size_t)15;
     int nth = kvs_pool_size(pool);
     if (per_thread > sc->per_thread || nth > sc->n_threads) {
@@ -252,17 +260,11 @@ kvs_status kvs_attention(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_attn_ar
         sc->n_threads = nth;
     }
     if (a->n >= KVS_ATTN_GEMM_MIN_ROWS && !a->sel && !a->probs) {
-        if (a->colsum)
-            for (int th = 0; th < nth; th++)
-                memset(sc->buf + (size_t)th * sc->per_thread + t.colsum_off, 0,
-                       sizeof(float) * (size_t)a->n_heads * t.max_count);
         kvs_status st = attend_gemm(pool, sc, a, &t, err);
         if (st != KVS_OK)
             return st;
     } else {
         kvs_pool_run(pool, worker, &t);
     }
-    if (a->colsum)
-        reduce_colsum(a, sc, &t, nth);
     return KVS_OK;
 }
