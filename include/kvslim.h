@@ -79,7 +79,9 @@ void kvs_session_free(kvs_session *s);
 /* Forgets every token (keeps allocations). */
 void kvs_session_reset(kvs_session *s);
 /* Feeds n tokens at the next positions. The first call after creation or reset is the prompt:
- * it is processed in batches of the chunk size and the KV policy compresses it by its rule;
+ * it is processed in batches of the chunk size (smaller where the KV policy asks, e.g. HashEvict's
+ * paper prefill feeds the prompt beyond its budget one token at a time) and the KV policy
+ * compresses it by its rule;
  * later calls are decode steps, one token at a time. If logits is non-NULL it receives
  * n x n_vocab floats when all_logits, else the n_vocab logits of the last token. */
 kvs_status kvs_session_eval(kvs_session *s, const int32_t *tokens, int n, float *logits,

@@ -542,6 +542,7 @@ int cmd_eval(int argc, char **argv)
             snprintf(pc.label, sizeof pc.label, "eval [%d/%d] %.280s", ++done, total,
                      jobs.items[j]);
             row *rw = &rows[n_rows];
+            memset(rw, 0, sizeof *rw);
             if (kvs_eval_policy(m, &setup, &ref, jobs.items[j], &rw->r, &err) != KVS_OK)
                 goto fail;
             cli_progress_end();

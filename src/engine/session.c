@@ -166,6 +166,10 @@ kvs_status kvs_session_eval(kvs_session *s, const int32_t *tokens, int n, float 
     }
     for (int done = 0; done < n;) {
         int batch = !prompt ? 1 : n - done < s->buf.cap ? n - done : s->buf.cap;
+        if (prompt) { /* the KV policy may take fewer at a time (e.g. one token per batch) */
+            int lim = kvs_kv_prompt_batch(s->kv);
+            batch = batch < lim ? batch : lim;
+        }
         int last = done + batch == n;
         float *out = NULL;
         if (logits && all_logits)

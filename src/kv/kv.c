@@ -171,12 +171,38 @@ static void update_peak(kvs_kv *kv)
         kv->peak = b;
 }
 
-static kvs_status prompt_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, const float *q,
-                               const float *k, const float *v, const int32_t *pos, float *out,
-                               kvs_error *err)
+/* The policy's limit on the next prompt batch (prompt_batch); INT32_MAX when it sets none. */
+static int policy_prompt_limit(const kvs_kv *kv)
 {
     const kvs_policy_type *t = kv->policy.type;
-    kvs_status st = kvs_store_append(kv->store, layer, n, k, v, pos, err);
+    if (!t->prompt_batch)
+        return INT32_MAX;
+    int lim = t->prompt_batch(&kv->policy, kv->policy.n_prompt - kv->prompt_left);
+    return lim <= 0 ? INT32_MAX : lim;
+}
+
+int kvs_kv_prompt_batch(const kvs_kv *kv)
+{
+    if (kv->prompt_left <= 0)
+        return 1;
+    int lim = policy_prompt_limit(kv);
+    return lim < kv->prompt_left ? lim : kv->prompt_left;
+}
+
+/* fed: a prompt token the policy takes like a decode step (prompt_batch limit 1): before_append
+ * runs before it is stored. */
+static kvs_status prompt_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, const float *q,
+                               const float *k, const float *v, const int32_t *pos, float *out,
+                               int fed, kvs_error *err)
+{
+    const kvs_policy_type *t = kv->policy.type;
+    kvs_status st;
+    if (fed && t->before_append) {
+        if ((st = t->before_append(&kv->policy, layer, q, k, v, pos[0], err)) != KVS_OK)
+            return st;
+        observe(kv, layer, "before_append");
+    }
+    st = kvs_store_append(kv->store, layer, n, k, v, pos, err);
     if (st == KVS_OK && kv->shadow)
         st = kvs_store_append(kv->shadow, layer, n, k, v, pos, err);
     if (st != KVS_OK)
@@ -354,7 +380,12 @@ kvs_status kvs_kv_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, const floa
         if (n > kv->prompt_left)
             return kvs_fail(err, KVS_ERR_ARG, "batch of %d tokens runs past the prompt's end (%d "
                             "left)", n, kv->prompt_left);
-        return prompt_layer(kv, pool, layer, n, q, k, v, pos, out, err);
+        const int lim = policy_prompt_limit(kv);
+        if (n > lim)
+            return kvs_fail(err, KVS_ERR_ARG, "batch of %d prompt tokens exceeds the %d the KV "
+                            "policy %s takes next (kvs_kv_prompt_batch)", n, lim,
+                            kv->policy.spec.text);
+        return prompt_layer(kv, pool, layer, n, q, k, v, pos, out, lim == 1, err);
     }
     if (!kv->started)
         return kvs_fail(err, KVS_ERR_ARG, "no prompt has begun (kvs_kv_begin_prompt)");

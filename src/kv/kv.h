@@ -32,10 +32,14 @@ void kvs_kv_reset(kvs_kv *kv);
 kvs_status kvs_kv_begin_prompt(kvs_kv *kv, int n_prompt, kvs_error *err);
 /* One layer of a batch: stores k/v (n rows of n_kv_heads * head_dim, post-RoPE) at pos, runs
  * the policy's hooks and attention of q (n rows of n_heads * head_dim) into out. During the
- * prompt any n; afterwards n must be 1. */
+ * prompt any n up to kvs_kv_prompt_batch; afterwards n must be 1. */
 kvs_status kvs_kv_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, const float *q,
                         const float *k, const float *v, const int32_t *pos, float *out,
                         kvs_error *err);
+/* During a prompt: the largest batch the next kvs_kv_layer calls may take, at most the prompt
+ * tokens left (the policy's prompt_batch may limit it, e.g. to 1 for a token fed through its
+ * decode-time eviction). Outside a prompt: 1. */
+int kvs_kv_prompt_batch(const kvs_kv *kv);
 /* Every layer of a batch of n tokens is done. */
 void kvs_kv_end_batch(kvs_kv *kv, int n);
 

@@ -42,6 +42,23 @@ static void list_keys(const kvs_policy_type *t, char *buf, size_t size)
         snprintf(buf, size, "none");
 }
 
+/* The words of a word-valued parameter, or NULL for a number. */
+static const char *const *param_words(const kvs_policy_type *t, const char *name)
+{
+    for (int i = 0; i < t->n_words; i++)
+        if (!strcmp(t->words[i].param, name))
+            return t->words[i].words;
+    return NULL;
+}
+
+static void join_words(const char *const *w, char *buf, size_t size)
+{
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; w[i] && len < size; i++)
+        len += (size_t)snprintf(buf + len, size - len, "%s%s", i ? "|" : "", w[i]);
+}
+
 static kvs_status parse_number(const char *s, double *out)
 {
     char *end;
@@ -123,6 +140,20 @@ kvs_status kvs_policy_parse(const char *text, kvs_policy_spec *out, kvs_error *e
                 break;
             }
             const kvs_param_def *d = &t->params[i];
+            const char *const *words = param_words(t, key);
+            if (words) {
+                int w = 0;
+                while (words[w] && strcmp(words[w], val))
+                    w++;
+                if (!words[w]) {
+                    join_words(words, keys, sizeof keys);
+                    st = kvs_fail(err, KVS_ERR_ARG, "--kv %s: %s=%s is not one of %s", t->name,
+                                  key, val, keys);
+                    break;
+                }
+                out->values[i] = w;
+                continue;
+            }
             double v;
             if (parse_number(val, &v) != KVS_OK || v < d->min || v > d->max ||
                 (d->integer && v != floor(v))) {
@@ -154,8 +185,13 @@ kvs_status kvs_policy_parse(const char *text, kvs_policy_spec *out, kvs_error *e
     }
     for (int i = 0; i < t->n_params && len < sizeof out->text; i++)
         if (out->values[i] != t->params[i].def) {
-            len += (size_t)snprintf(out->text + len, sizeof out->text - len, "%c%s=%g", sep,
-                                    t->params[i].name, out->values[i]);
+            const char *const *words = param_words(t, t->params[i].name);
+            if (words)
+                len += (size_t)snprintf(out->text + len, sizeof out->text - len, "%c%s=%s", sep,
+                                        t->params[i].name, words[(int)out->values[i]]);
+            else
+                len += (size_t)snprintf(out->text + len, sizeof out->text - len, "%c%s=%g", sep,
+                                        t->params[i].name, out->values[i]);
             sep = ',';
         }
     return KVS_OK;
@@ -183,10 +219,19 @@ void kvs_policy_help(FILE *f)
         fprintf(f, "%-10s %s\n           (%s)\n", t->name, t->summary, kind_name(t->kind));
         if (t->kind != KVS_KIND_FULL)
             fprintf(f, "           budget      required\n");
-        for (int j = 0; j < t->n_params; j++)
-            fprintf(f, "           %-11s default %.10g, range [%.10g, %.10g]: %s\n",
-                    t->params[j].name, t->params[j].def, t->params[j].min, t->params[j].max,
-                    t->params[j].help);
+        for (int j = 0; j < t->n_params; j++) {
+            const char *const *words = param_words(t, t->params[j].name);
+            char list[128];
+            if (words) {
+                join_words(words, list, sizeof list);
+                fprintf(f, "           %-11s default %s, one of %s: %s\n", t->params[j].name,
+                        words[(int)t->params[j].def], list, t->params[j].help);
+            } else {
+                fprintf(f, "           %-11s default %.10g, range [%.10g, %.10g]: %s\n",
+                        t->params[j].name, t->params[j].def, t->params[j].min, t->params[j].max,
+                        t->params[j].help);
+            }
+        }
     }
 }
 

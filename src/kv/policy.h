@@ -26,6 +26,13 @@ typedef struct kvs_param_def {
     const char *help;
 } kvs_param_def;
 
+/* A parameter whose value is a word (e.g. mode=query|key): the spec value is the word's index in
+ * words, so the parameter's def/min/max are indices (min 0, max the last index, integer). */
+typedef struct kvs_param_words {
+    const char *param;        /* a name in the type's params */
+    const char *const *words; /* NULL-terminated */
+} kvs_param_words;
+
 struct kvs_policy_type;
 
 /* A parsed "--kv NAME[:key=value,...]". */
@@ -68,6 +75,8 @@ typedef struct kvs_policy_type {
     const kvs_param_def *params; /* besides "budget", which every non-full policy takes */
     int n_params;
     int n_meta; /* per-slot float channels the policy keeps in the store */
+    const kvs_param_words *words; /* word-valued parameters (optional) */
+    int n_words;
 
     /* A prompt begins: budget and n_prompt are set. Allocate state; reject a budget the policy
      * cannot honour. */
@@ -75,11 +84,22 @@ typedef struct kvs_policy_type {
     void (*stop)(kvs_policy *p);
     /* Bytes of policy state outside the store (counted as KV bytes). */
     size_t (*state_bytes)(const kvs_policy *p);
+    /* Prompt batching (optional; NULL: any batch). The largest number of prompt tokens the next
+     * prompt batch may hold once `done` prompt tokens have been processed; <= 0 means any. The
+     * session splits the prompt to fit (kvs_kv_prompt_batch) and the kv layer rejects a larger
+     * batch. A limit of exactly 1 makes the next prompt token a "fed" token, processed like a
+     * decode step: before_append runs first (with the token's post-RoPE q, k, v and position),
+     * then the token is stored and attended, then prefill_chunk (a chunk of one token) and, after
+     * the prompt's last token, prefill_end run as for any chunk. The observer sees
+     * "before_append" during the prompt for such tokens. HashEvict's paper prefill uses this:
+     * the first budget tokens densely, every later prompt token through its pre-attention
+     * eviction. The limit may depend only on the policy's state and done, not on the layer. */
+    int (*prompt_batch)(const kvs_policy *p, int done);
     /* Prefill: should the softmax row of the query at pos be summed into kvs_chunk.colsum? */
     int (*wants_row)(const kvs_policy *p, int layer, int32_t pos);
     kvs_status (*prefill_chunk)(kvs_policy *p, int layer, const kvs_chunk *c, kvs_error *err);
     kvs_status (*prefill_end)(kvs_policy *p, int layer, kvs_error *err);
-    /* Decode, before the new token's K/V are stored. */
+    /* Decode (and fed prompt tokens, see prompt_batch), before the new token's K/V are stored. */
     kvs_status (*before_append)(kvs_policy *p, int layer, const float *q, const float *k,
                                 const float *v, int32_t pos, kvs_error *err);
     /* Decode, before attention: writes the slots KV head kv_head attends (increasing) and
@@ -98,7 +118,8 @@ const kvs_policy_type *kvs_policy_find(const char *name);
 kvs_status kvs_policy_parse(const char *text, kvs_policy_spec *out, kvs_error *err);
 /* Lists every policy with its parameters and defaults. */
 void kvs_policy_help(FILE *f);
-/* Value of a declared parameter (its default when not given). */
+/* Value of a declared parameter (its default when not given); a word-valued parameter gives
+ * its word's index. */
 double kvs_policy_param(const kvs_policy *p, const char *name);
 /* Slots per (layer, head) for a prompt of n_prompt tokens: a fraction F gives round(F * n)
  * (half up, at least 1); a count is taken as is. INT32_MAX when the spec has no budget. */

@@ -13,11 +13,13 @@ extern const kvs_policy_type kvs_policy_knorm;
 extern const kvs_policy_type kvs_policy_random;
 extern const kvs_policy_type kvs_policy_quest;
 extern const kvs_policy_type kvs_policy_nacl;
+extern const kvs_policy_type kvs_policy_hashevict;
+extern const kvs_policy_type kvs_policy_l2evict;
 
 #define KVS_POLICY_REGISTRY                                                                  \
     &kvs_policy_full, &kvs_policy_streaming, &kvs_policy_h2o, &kvs_policy_tova,              \
         &kvs_policy_snapkv, &kvs_policy_knorm, &kvs_policy_random, &kvs_policy_quest,        \
-        &kvs_policy_nacl
+        &kvs_policy_nacl, &kvs_policy_hashevict, &kvs_policy_l2evict
 
 /* For policies' start hooks: a budget given as a token count must fit the context (the
  * store's slot limit); a budget as large as the context keeps everything. */
