@@ -9,7 +9,7 @@ build=${1:-$here/build}
 kvslim=$build/kvslim
 n_prompt=${N_PROMPT:-8192} n_gen=${N_GEN:-64} threads=${THREADS:-2} budget=${BUDGET:-0.1}
 type=${TYPE:-f32} kv_type=${KV_TYPE:-f32}
-policies=${POLICIES:-full streaming h2o snapkv quest}
+policies=${POLICIES:-full streaming h2o tova snapkv quest nacl hashevict}
 out=$build/bench/kv-policies
 mkdir -p "$out"
 ctx=$(( n_prompt + n_gen + 64 ))
@@ -21,8 +21,8 @@ if [ ! -f "$model" ]; then
 fi
 echo "synthetic 85.7M ($type weights, KV $kv_type), prompt $n_prompt, $n_gen decoded, $threads threads, budget $budget"
 echo
-echo "| policy | prefill tok/s | decode tok/s | decode vs full | decode time in KV layer | KV bytes at end | KV peak | peak RSS |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| policy | prefill tok/s | prefill time in policy hooks | decode tok/s | decode vs full | decode time in KV layer | KV bytes at end | KV peak | peak RSS |"
+echo "|---|---|---|---|---|---|---|---|---|"
 full_decode=""
 for p in $policies; do
   spec=$p; [ "$p" = full ] || spec="$p:budget=$budget"
@@ -34,7 +34,8 @@ import json, sys
 r = json.load(open(sys.argv[1])); full = float(sys.argv[3])
 mib = lambda b: f"{b / 2**20:.1f} MiB"
 ratio = f"{r['decode_tok_s'] / full:.2f}x" if full else "1.00x"
-print(f"| {sys.argv[2]} | {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.1f} | {ratio} | "
+print(f"| {sys.argv[2]} | {r['prefill_tok_s']:.1f} | {100 * r['prefill_policy_share']:.1f}% | "
+      f"{r['decode_tok_s']:.1f} | {ratio} | "
       f"{100 * r['decode_kv_share']:.1f}% | {mib(r['kv_bytes'])} | {mib(r['kv_bytes_peak'])} | "
       f"{mib(r['peak_rss_bytes'])} |")
 PY

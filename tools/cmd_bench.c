@@ -222,7 +222,7 @@ int cmd_bench(int argc, char **argv)
         if (st != KVS_OK)
             goto fail;
     }
-    double sum_prefill = 0, sum_decode = 0, sum_attn_share = 0;
+    double sum_prefill = 0, sum_decode = 0, sum_attn_share = 0, sum_hook_share = 0;
     size_t kv_bytes = 0, kv_peak = 0;
     for (int r = 0; r < reps; r++) {
         kvs_session_reset(s);
@@ -231,6 +231,7 @@ int cmd_bench(int argc, char **argv)
         if (kvs_session_eval(s, tokens, n_prompt, NULL, 0, &err) != KVS_OK)
             goto fail;
         double t1 = cli_now();
+        sum_hook_share += kvs_kv_prefill_hook_seconds(kvs_session_kv(s)) / (t1 - t0);
         for (int g = 0; g < n_gen; g++) {
             cli_progress("decode", g, n_gen);
             if (kvs_session_eval(s, tokens + n_prompt + g, 1, NULL, 0, &err) != KVS_OK)
@@ -247,18 +248,20 @@ int cmd_bench(int argc, char **argv)
     }
     cli_progress_end();
     double prefill = sum_prefill / reps, decode = sum_decode / reps,
-           attn_share = sum_attn_share / reps;
+           attn_share = sum_attn_share / reps, hook_share = sum_hook_share / reps;
     const char *kv_spec = params.kv_policy ? params.kv_policy : "full",
                *kv_type = params.kv_type ? params.kv_type : "f32";
     size_t rss = cli_peak_rss();
     char kvb[32], kvp[32], rssb[32], wb[32];
     printf("| model | params | weights | KV policy | KV type | threads | n_prompt | n_gen | "
-           "prefill tok/s | decode tok/s | decode time in KV layer | KV bytes (peak) | peak RSS |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    printf("| %s | %.1fM | %s %s | %s | %s | %d | %d | %d | %.1f | %.1f | %.1f%% | %s (%s) | %s |\n",
+           "prefill tok/s | prefill time in policy hooks | decode tok/s | decode time in KV layer | "
+           "KV bytes (peak) | peak RSS |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("| %s | %.1fM | %s %s | %s | %s | %d | %d | %d | %.1f | %.1f%% | %.1f | %.1f%% | %s (%s) "
+           "| %s |\n",
            label, info.n_params / 1e6, info.weight_type,
            cli_bytes(wb, sizeof wb, (double)info.weight_bytes), kv_spec, kv_type, threads,
-           n_prompt, n_gen, prefill, decode, 100 * attn_share,
+           n_prompt, n_gen, prefill, 100 * hook_share, decode, 100 * attn_share,
            cli_bytes(kvb, sizeof kvb, (double)kv_bytes), cli_bytes(kvp, sizeof kvp, (double)kv_peak),
            cli_bytes(rssb, sizeof rssb, (double)rss));
     if (json) {
@@ -268,12 +271,12 @@ int cmd_bench(int argc, char **argv)
                            "\"kv\": \"%s\", \"kv_type\": \"%s\", "
                            "\"threads\": %d, \"n_prompt\": %d, \"n_gen\": %d, "
                            "\"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f, "
-                           "\"decode_kv_share\": %.4f, \"kv_bytes\": %zu, \"kv_bytes_peak\": %zu, "
+                           "\"decode_kv_share\": %.4f, \"prefill_policy_share\": %.4f, \"kv_bytes\": %zu, \"kv_bytes_peak\": %zu, "
                            "\"peak_rss_bytes\": %zu}\n",
                            cli_json_escape(jl, sizeof jl, label), info.weight_type,
                            (long long)info.n_params, cli_json_escape(jk, sizeof jk, kv_spec),
                            kv_type, threads, n_prompt, n_gen, prefill, decode, attn_share,
-                           kv_bytes, kv_peak, rss);
+                           hook_share, kv_bytes, kv_peak, rss);
         if (cli_write_file(cmd, json, buf, (size_t)len) != 0) {
             err.msg[0] = 0;
             goto fail;

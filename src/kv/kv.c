@@ -32,6 +32,7 @@ struct kvs_kv {
     kvs_kv_step_stats last;
     size_t peak;
     double decode_seconds;
+    double prefill_hook_seconds; /* in prefill_chunk and prefill_end hooks */
 
     kvs_kv_observer observer;
     void *observer_ctx;
@@ -125,6 +126,7 @@ void kvs_kv_reset(kvs_kv *kv)
     kv->prompt_left = 0;
     kv->peak = 0;
     kv->decode_seconds = 0;
+    kv->prefill_hook_seconds = 0;
     memset(&kv->last, 0, sizeof kv->last);
 }
 
@@ -237,6 +239,8 @@ static kvs_status prompt_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, con
         return st;
 
     const int last = n == kv->prompt_left;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     if (t->prefill_chunk) {
         kvs_chunk c = {n, q, k, v, pos, a.colsum, a.colsum_stride, last};
         if ((st = t->prefill_chunk(&kv->policy, layer, &c, err)) != KVS_OK)
@@ -248,6 +252,9 @@ static kvs_status prompt_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, con
             return st;
         observe(kv, layer, "prefill_end");
     }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    kv->prefill_hook_seconds +=
+        (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     return KVS_OK;
 }
 
@@ -426,6 +433,7 @@ size_t kvs_kv_bytes(const kvs_kv *kv)
 
 size_t kvs_kv_peak_bytes(const kvs_kv *kv) { return kv->peak; }
 double kvs_kv_decode_seconds(const kvs_kv *kv) { return kv->decode_seconds; }
+double kvs_kv_prefill_hook_seconds(const kvs_kv *kv) { return kv->prefill_hook_seconds; }
 
 size_t kvs_kv_bytes_full_f16(const kvs_kv *kv, int64_t n_tokens)
 {

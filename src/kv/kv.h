@@ -61,6 +61,9 @@ void kvs_kv_last_step(const kvs_kv *kv, kvs_kv_step_stats *st);
 /* Wall time spent in the kv layer (policy hooks and attention) during decode steps since the
  * last reset, in seconds. */
 double kvs_kv_decode_seconds(const kvs_kv *kv);
+/* Wall time in the policy's prefill hooks (prefill_chunk, prefill_end: scoring and one-shot
+ * eviction) since the last reset, in seconds. */
+double kvs_kv_prefill_hook_seconds(const kvs_kv *kv);
 
 /* Tests: called after every policy hook with the hook's name. */
 typedef void (*kvs_kv_observer)(void *ctx, const kvs_kv *kv, int layer, const char *hook);
