@@ -537,6 +537,25 @@ static void test_vector_ops(void)
             ok &= fabsf(c[i] - (a[i] + 0.75f * b[i])) <= 1e-6f * (fabsf(a[i]) + fabsf(b[i]));
         CHECKF(ok, "axpy n=%d", n);
 
+        /* half-precision dot and axpy against the scalar conversion */
+        uint16_t h[1100];
+        for (int i = 0; i < n; i++)
+            h[i] = kvs_fp32_to_fp16(a[i]);
+        double href = 0, habs = 0;
+        for (int i = 0; i < n; i++) {
+            href += (double)kvs_fp16_to_fp32(h[i]) * b[i];
+            habs += fabs((double)kvs_fp16_to_fp32(h[i]) * b[i]);
+        }
+        CHECKF(fabs(kvs_dot_f16_f32(h, b, n) - href) <= 1e-6 * habs + 1e-30, "dot f16 n=%d", n);
+        memcpy(c, b, sizeof(float) * n);
+        kvs_axpy_f16(c, -1.25f, h, n);
+        ok = 1;
+        for (int i = 0; i < n; i++) {
+            float want = b[i] + -1.25f * kvs_fp16_to_fp32(h[i]);
+            ok &= fabsf(c[i] - want) <= 1e-6f * (fabsf(b[i]) + fabsf(a[i]) * 1.25f);
+        }
+        CHECKF(ok, "axpy f16 n=%d", n);
+
         /* rmsnorm (also in place) */
         double ss = 0;
         for (int i = 0; i < n; i++)

@@ -257,6 +257,52 @@ void kvs_axpy_f32(float *y, float a, const float *x, int n)
         y[i] += a * x[i];
 }
 
+float kvs_dot_f16_f32(const uint16_t *a, const float *b, int n)
+{
+    int i = 0;
+    float s = 0.0f;
+#if KVS_AVX512
+    __m512 s0 = _mm512_setzero_ps();
+    for (; i + 16 <= n; i += 16)
+        s0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(a + i))),
+                             _mm512_loadu_ps(b + i), s0);
+    s = _mm512_reduce_add_ps(s0);
+#elif KVS_AVX2
+    __m256 s0 = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i))),
+                             _mm256_loadu_ps(b + i), s0);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    s = _mm_cvtss_f32(h);
+#endif
+    for (; i < n; i++)
+        s += kvs_fp16_to_fp32_scalar(a[i]) * b[i];
+    return s;
+}
+
+void kvs_axpy_f16(float *y, float a, const uint16_t *x, int n)
+{
+    int i = 0;
+#if KVS_AVX512
+    const __m512 va = _mm512_set1_ps(a);
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i,
+                         _mm512_fmadd_ps(va,
+                                         _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))),
+                                         _mm512_loadu_ps(y + i)));
+#elif KVS_AVX2
+    const __m256 va = _mm256_set1_ps(a);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(va, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))),
+                                         _mm256_loadu_ps(y + i)));
+#endif
+    for (; i < n; i++)
+        y[i] += a * kvs_fp16_to_fp32_scalar(x[i]);
+}
+
 void kvs_rmsnorm(float *o, const float *x, const float *w, int n, float eps)
 {
     float ss;

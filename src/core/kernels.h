@@ -48,5 +48,8 @@ void kvs_rope(float *vec, int n_heads, int head_dim, int rot_dim, int pos, float
 float kvs_dot_f32(const float *a, const float *b, int n);
 /* y += a * x. */
 void kvs_axpy_f32(float *y, float a, const float *x, int n);
+/* The same with a half-precision a / x (the F16 KV cache's keys and values). */
+float kvs_dot_f16_f32(const uint16_t *a, const float *b, int n);
+void kvs_axpy_f16(float *y, float a, const uint16_t *x, int n);
 
 #endif

@@ -30,49 +30,42 @@ typedef struct task {
     const kvs_attn_args *a;
     kvs_attn_scratch *sc;
     int hd, group, max_count;
-    size_t kbuf_off;
 } task;
 
 /* Dot products with keys stored as F32 or F16. */
 static void scores_row(const kvs_store *s, int layer, int kvh, const float *q, const int *sel,
-                       int n, float scale, float *scores, float *tmp)
+                       int n, float scale, float *scores)
 {
     const int hd = kvs_store_cfg(s)->head_dim;
-    const int f16 = kvs_store_cfg(s)->type == KVS_F16;
-    const char *keys = kvs_store_keys(s, layer, kvh);
-    const size_t row = (size_t)hd * (f16 ? 2 : 4);
-    for (int j = 0; j < n; j++) {
-        int slot = sel ? sel[j] : j;
-        const float *k = (const float *)(keys + (size_t)slot * row);
-        if (f16) {
-            kvs_dequantize_row(KVS_F16, keys + (size_t)slot * row, tmp, hd);
-            k = tmp;
-        }
-        scores[j] = kvs_dot_f32(q, k, hd) * scale;
+    if (kvs_store_cfg(s)->type == KVS_F16) {
+        const uint16_t *keys = kvs_store_keys(s, layer, kvh);
+        for (int j = 0; j < n; j++)
+            scores[j] = kvs_dot_f16_f32(keys + (size_t)(sel ? sel[j] : j) * hd, q, hd) * scale;
+    } else {
+        const float *keys = kvs_store_keys(s, layer, kvh);
+        for (int j = 0; j < n; j++)
+            scores[j] = kvs_dot_f32(q, keys + (size_t)(sel ? sel[j] : j) * hd, hd) * scale;
     }
 }
 
 static void weighted_values(const kvs_store *s, int layer, int kvh, const float *p,
-                            const int *sel, int n, float *out, float *tmp)
+                            const int *sel, int n, float *out)
 {
     const int hd = kvs_store_cfg(s)->head_dim;
-    const int f16 = kvs_store_cfg(s)->type == KVS_F16;
-    const char *values = kvs_store_values(s, layer, kvh);
-    const size_t row = (size_t)hd * (f16 ? 2 : 4);
     memset(out, 0, sizeof(float) * hd);
-    for (int j = 0; j < n; j++) {
-        int slot = sel ? sel[j] : j;
-        const float *v = (const float *)(values + (size_t)slot * row);
-        if (f16) {
-            kvs_dequantize_row(KVS_F16, values + (size_t)slot * row, tmp, hd);
-            v = tmp;
-        }
-        kvs_axpy_f32(out, p[j], v, hd);
+    if (kvs_store_cfg(s)->type == KVS_F16) {
+        const uint16_t *values = kvs_store_values(s, layer, kvh);
+        for (int j = 0; j < n; j++)
+            kvs_axpy_f16(out, p[j], values + (size_t)(sel ? sel[j] : j) * hd, hd);
+    } else {
+        const float *values = kvs_store_values(s, layer, kvh);
+        for (int j = 0; j < n; j++)
+            kvs_axpy_f32(out, p[j], values + (size_t)(sel ? sel[j] : j) * hd, hd);
     }
 }
 
 /* Attention of query row i, head h. */
-static void attend_row(const task *t, int i, int h, float *scores, float *tmp)
+static void attend_row(const task *t, int i, int h, float *scores)
 {
     const kvs_attn_args *a = t->a;
     const kvs_store *s = a->store;
@@ -93,9 +86,9 @@ static void attend_row(const task *t, int i, int h, float *scores, float *tmp)
         memset(a->out + off, 0, sizeof(float) * hd);
         return;
     }
-    scores_row(s, a->layer, kvh, a->q + off, sel, n, 1.0f / sqrtf((float)hd), scores, tmp);
+    scores_row(s, a->layer, kvh, a->q + off, sel, n, 1.0f / sqrtf((float)hd), scores);
     kvs_softmax(scores, n);
-    weighted_values(s, a->layer, kvh, scores, sel, n, a->out + off, tmp);
+    weighted_values(s, a->layer, kvh, scores, sel, n, a->out + off);
     if (a->probs)
         memcpy(a->probs + (size_t)h * a->probs_stride, scores, sizeof(float) * n);
     if (a->colsum && a->row_mask[i])
@@ -106,17 +99,17 @@ static void worker(void *ctx, int ith, int nth)
 {
     task *t = ctx;
     const kvs_attn_args *a = t->a;
-    float *scores = t->sc->buf + (size_t)ith * t->sc->per_thread, *tmp = scores + t->kbuf_off;
+    float *scores = t->sc->buf + (size_t)ith * t->sc->per_thread;
     if (a->colsum) {
         /* Each thread owns whole heads and adds their rows in order, so the column sums do
          * not depend on the thread count. */
         for (int h = ith; h < a->n_heads; h += nth)
             for (int i = 0; i < a->n; i++)
-                attend_row(t, i, h, scores, tmp);
+                attend_row(t, i, h, scores);
     } else {
         /* Interleaved rows balance the causal lengths, which grow with i. */
         for (int k = ith; k < a->n * a->n_heads; k += nth)
-            attend_row(t, k / a->n_heads, k % a->n_heads, scores, tmp);
+            attend_row(t, k / a->n_heads, k % a->n_heads, scores);
     }
 }
 
@@ -245,8 +238,7 @@ kvs_status kvs_attention(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_attn_ar
         if (c > t.max_count)
             t.max_count = c;
     }
-    t.kbuf_off = (size_t)t.max_count;
-    size_t per_thread = t.kbuf_off + (size_t)t.hd;
+    size_t per_thread = (size_t)t.max_count;
     per_thread = (per_thread + 15) & ~(size_t)15;
     int nth = kvs_pool_size(pool);
     if (per_thread > sc->per_thread || nth > sc->n_threads) {
