@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "policy_check.h"
 #include "engine/session_internal.h"
 #include "kv/kv.h"
 #include "kv/kv_store.h"
@@ -725,18 +726,6 @@ static void check_nacl_prefill(const run *r, const char *what)
     CHECKF(!bad_top, "%s: %d TOP errors", what, bad_top);
     CHECKF(!bad_rnd, "%s: %d RND errors", what, bad_rnd);
     CHECKF(!bad_keep, "%s: %d kept-set errors", what, bad_keep);
-}
-
-static int error_mentions(const char *spec, const char *needle)
-{
-    kvs_error err = {0};
-    kvs_status st = kvs_kv_policy_check(spec, &err);
-    if (st == KVS_OK || !strstr(err.msg, needle)) {
-        fprintf(stderr, "spec '%s': status %d, message '%s' (want '%s')\n", spec, st, err.msg,
-                needle);
-        return 0;
-    }
-    return 1;
 }
 
 static int start_fails(const char *spec, const char *needle)

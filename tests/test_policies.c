@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "policy_check.h"
 #include "engine/session_internal.h"
 #include "kv/kv.h"
 #include "kv/kv_store.h"
@@ -290,18 +291,6 @@ static void free_run(run *r)
 {
     free(r->logits);
     r->logits = NULL;
-}
-
-static int error_mentions(const char *spec, const char *needle)
-{
-    kvs_error err = {0};
-    kvs_status st = kvs_kv_policy_check(spec, &err);
-    if (st == KVS_OK || !strstr(err.msg, needle)) {
-        fprintf(stderr, "spec '%s': status %d, message '%s' (want '%s')\n", spec, st, err.msg,
-                needle);
-        return 0;
-    }
-    return 1;
 }
 
 /* A spec that parses but cannot start on this prompt: the prompt's eval fails. */
