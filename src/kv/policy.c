@@ -253,6 +253,26 @@ int kvs_policy_budget_slots(const kvs_policy_spec *spec, int n_prompt)
     return b < 1 ? 1 : (int)b;
 }
 
+kvs_status kvs_policy_add_group_mean(const kvs_policy *p, int layer, const kvs_chunk *c,
+                                     float *score, int stride, kvs_error *err)
+{
+    const int group = p->n_heads / p->n_kv_heads;
+    const float inv = 1.0f / (float)group;
+    for (int h = 0; h < p->n_kv_heads; h++) {
+        const int n = kvs_store_count(p->store, layer, h);
+        if (n > stride) /* slots from before this prompt: not a state these policies support */
+            return kvs_fail(err, KVS_ERR_ARG, "--kv %s: %d slots for a prompt of %d tokens",
+                            p->spec.text, n, stride);
+        float *dst = score + (size_t)h * stride;
+        for (int g = 0; g < group; g++) {
+            const float *cs = c->colsum + (size_t)(h * group + g) * c->colsum_stride;
+            for (int j = 0; j < n; j++)
+                dst[j] += cs[j] * inv;
+        }
+    }
+    return KVS_OK;
+}
+
 typedef struct ranked {
     float score;
     int slot;

@@ -125,6 +125,12 @@ double kvs_policy_param(const kvs_policy *p, const char *name);
  * (half up, at least 1); a count is taken as is. INT32_MAX when the spec has no budget. */
 int kvs_policy_budget_slots(const kvs_policy_spec *spec, int n_prompt);
 
+/* Adds a prompt chunk's column sums, averaged over each KV head's query heads (times 1/group,
+ * in head order), into score[h * stride + slot] for every slot the head holds. Fails if a head
+ * holds more than stride slots (slots from before the prompt). */
+kvs_status kvs_policy_add_group_mean(const kvs_policy *p, int layer, const kvs_chunk *c,
+                                     float *score, int stride, kvs_error *err);
+
 /* ---- shared eviction routine ---- */
 typedef enum kvs_tie { KVS_TIE_KEEP_OLDER, KVS_TIE_KEEP_NEWER } kvs_tie;
 /* Keeps in one head: the `sinks` oldest slots, the `recent` newest slots, and the highest

@@ -362,24 +362,11 @@ static kvs_status prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kv
     nacl_state *s = p->state;
     if (!c->colsum)
         return KVS_OK;
-    const int group = p->n_heads / p->n_kv_heads, np = s->plan.p;
-    const float inv = 1.0f / (float)group;
+    const int np = s->plan.p;
     if (!s->F[layer] && !(s->F[layer] = calloc((size_t)s->n_kv * np, sizeof(float))))
         return kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory for proxy scores",
                         p->spec.text);
-    for (int h = 0; h < s->n_kv; h++) {
-        const int n = kvs_store_count(p->store, layer, h);
-        if (n > np) /* slots from before this prompt: not a state this policy supports */
-            return kvs_fail(err, KVS_ERR_ARG, "--kv %s: %d slots for a prompt of %d tokens",
-                            p->spec.text, n, np);
-        float *F = s->F[layer] + (size_t)h * np;
-        for (int g = 0; g < group; g++) {
-            const float *cs = c->colsum + (size_t)(h * group + g) * c->colsum_stride;
-            for (int j = 0; j < n; j++)
-                F[j] += cs[j] * inv;
-        }
-    }
-    return KVS_OK;
+    return kvs_policy_add_group_mean(p, layer, c, s->F[layer], np, err);
 }
 
 /* Keeps entries keep[0..k) of head h: compacts the store, or (mask mode) narrows the attended

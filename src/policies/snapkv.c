@@ -81,24 +81,12 @@ static kvs_status prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kv
     snap_state *s = p->state;
     if (!c->colsum)
         return KVS_OK;
-    const int group = p->n_heads / p->n_kv_heads, n_prompt = p->n_prompt;
+    const int n_prompt = p->n_prompt;
     if (!s->score[layer] &&
         !(s->score[layer] = calloc((size_t)p->n_kv_heads * n_prompt, sizeof(float))))
         return kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory for window scores",
                         p->spec.text);
-    for (int h = 0; h < p->n_kv_heads; h++) {
-        const int n = kvs_store_count(p->store, layer, h);
-        if (n > n_prompt) /* slots from before this prompt: not a state this policy supports */
-            return kvs_fail(err, KVS_ERR_ARG, "--kv %s: %d slots for a prompt of %d tokens",
-                            p->spec.text, n, n_prompt);
-        float *score = s->score[layer] + (size_t)h * n_prompt;
-        for (int g = 0; g < group; g++) {
-            const float *cs = c->colsum + (size_t)(h * group + g) * c->colsum_stride;
-            for (int j = 0; j < n; j++)
-                score[j] += cs[j] / (float)group;
-        }
-    }
-    return KVS_OK;
+    return kvs_policy_add_group_mean(p, layer, c, s->score[layer], n_prompt, err);
 }
 
 static kvs_status prefill_end(kvs_policy *p, int layer, kvs_error *err)
