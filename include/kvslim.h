@@ -65,6 +65,15 @@ typedef struct kvs_session_params {
     const char *kv_policy; /* "NAME[:key=value,...]" (see kvs_kv_policy_help); NULL = full */
     const char *kv_type;   /* KV storage: "f32" (NULL, the default) or "f16" */
     int measure_recall;    /* keep a shadow of every key to measure attention recall */
+    /* Position shifting (llama.cpp's context shift for post-RoPE keys): with an evicting
+     * policy, when the next position would reach n_ctx, every kept key is rotated back by a
+     * common offset so positions stay inside the trained window. Also a policy option
+     * (shift=on). 0 = off. */
+    int context_shift;
+    /* Notices (a clamped budget, a context past the trained one, ...): one line each, no
+     * trailing newline. NULL: no notices. */
+    void (*log)(void *ctx, const char *msg);
+    void *log_ctx;
 } kvs_session_params;
 
 /* Lists the KV policies and their parameters. */

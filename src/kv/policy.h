@@ -41,6 +41,7 @@ typedef struct kvs_policy_spec {
     double values[KVS_MAX_PARAMS]; /* per type->params, defaults filled in */
     double budget;                 /* fraction (0, 1] or token count >= 1; 0 = none given */
     int budget_is_fraction;
+    int shift;                     /* shift=on: position shifting (kvs_session_params) */
     char text[256];                /* canonical form, e.g. "h2o:budget=0.1" */
 } kvs_policy_spec;
 
