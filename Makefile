@@ -10,9 +10,10 @@ all: build
 deps:
 	@bash scripts/setup-deps.sh
 
+# Quiet unless it fails: the build's output goes to a log that is printed only on failure.
 build: deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
-	cmake --build $(BUILD) -j $(JOBS)
+	@bash scripts/quiet.sh "configure" $(BUILD)/build.log cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+	@bash scripts/quiet.sh "build" $(BUILD)/build.log cmake --build $(BUILD) -j $(JOBS)
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
