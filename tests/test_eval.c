@@ -88,7 +88,7 @@ static void test_protocol(void)
     CHECK(kvs_eval_policy(m, &s, &ref, "full", &again, &err) == KVS_OK);
     CHECKF(again.kl == 0.0 && again.top1 == 1.0 && again.ppl == full.ppl, "kl %g", again.kl);
 
-    CHECK(kvs_eval_policy(m, &s, &ref, "streaming:budget=8", &st, &err) == KVS_OK);
+    CHECK(kvs_eval_policy(m, &s, &ref, "streaming:slots=8", &st, &err) == KVS_OK);
     CHECKF(st.kl > 0 && st.top1 <= 1.0, "kl %g", st.kl);
     CHECK(st.slots_kept == 8 && st.budget_slots == 8 && fabs(st.slots_attended_mean - 8) < 1e-9);
     CHECK(st.attn_recall < 1.0 && st.kv_bytes_mean < full.kv_bytes_mean);

@@ -123,7 +123,7 @@ static kvs_status run(const kvs_model *m, const kvs_eval_setup *s, const char *s
     p.n_threads = s->n_threads;
     if (s->chunk > 0)
         p.chunk = s->chunk;
-    p.kv_policy = res->params;
+    p.kv_policy = spec_text; /* errors echo the spec as the user typed it */
     p.kv_type = s->kv_type;
     p.measure_recall = 1;
     kvs_session *sess = NULL;
