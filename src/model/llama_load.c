@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/kernels.h"
 
@@ -233,4 +234,40 @@ void kvs_weight_row(const kvs_weight *w, int row, float *out)
     uint64_t row_bytes = 0;
     kvs_dtype_bytes(w->type, (uint64_t)w->cols, &row_bytes);
     kvs_dequantize_row(w->type, (const char *)w->data + (size_t)row * row_bytes, out, w->cols);
+}
+
+int kvs_llama2c_sniff(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return 0;
+    int32_t h[7];
+    struct stat sb;
+    int ok = fread(h, sizeof h, 1, f) == 1 && fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode);
+    fclose(f);
+    if (!ok)
+        return 0;
+    int64_t v[7];
+    for (int i = 0; i < 7; i++) {
+        v[i] = i == 5 && h[i] < 0 ? -(int64_t)h[i] : h[i];
+        if (v[i] <= 0 || v[i] > (1 << 24))
+            return 0;
+    }
+    const uint64_t dim = (uint64_t)v[0], hidden = (uint64_t)v[1], L = (uint64_t)v[2],
+                   heads = (uint64_t)v[3], kv_heads = (uint64_t)v[4], vocab = (uint64_t)v[5],
+                   seq = (uint64_t)v[6];
+    if (dim % heads || heads % kv_heads)
+        return 0;
+    const uint64_t head = dim / heads, kv_dim = kv_heads * head;
+    /* Floats in llama2.c's order: embeddings, per-layer tensors, final norm, the RoPE tables,
+     * then the classifier when unshared. Estimated in double first so that the exact sum below
+     * cannot overflow. */
+    const double per_layer = 2.0 * dim + 2.0 * dim * dim + 2.0 * dim * kv_dim + 3.0 * dim * hidden;
+    if ((double)vocab * dim * 2 + (double)L * per_layer + (double)seq * head > 0x1p60)
+        return 0;
+    uint64_t n = vocab * dim + L * (2 * dim + 2 * dim * dim + 2 * dim * kv_dim + 3 * dim * hidden) +
+                 dim + seq * head;
+    if (h[5] < 0)
+        n += vocab * dim;
+    return (uint64_t)sb.st_size == 28 + 4 * n;
 }
