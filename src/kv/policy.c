@@ -188,11 +188,19 @@ static kvs_status parse_item(kvs_policy_spec *out, const char *text, const char 
                              : parse_slots(out, text, val, err);
     }
     if (!strcmp(key, "shift")) {
-        if (t->kind != KVS_KIND_EVICTING)
+        if (t->kind != KVS_KIND_EVICTING) {
+            char list[256];
+            size_t len = 0;
+            list[0] = 0;
+            for (int i = 0; i < N_POLICIES && len < sizeof list; i++)
+                if (registry[i]->kind == KVS_KIND_EVICTING)
+                    len += (size_t)snprintf(list + len, sizeof list - len, "%s%s",
+                                            len ? ", " : "", registry[i]->name);
             return kvs_fail(err, KVS_ERR_ARG,
                             "--kv %s: shift=%s: position shifting is only for evicting policies "
-                            "(streaming, h2o, tova, knorm, random, hashevict, l2evict...); %s "
-                            "keeps or attends more than a bounded cache", text, val, t->name);
+                            "(%s), whose cache stays bounded; %s is not one", text, val, list,
+                            t->name);
+        }
         if (seen[SEEN_SHIFT])
             return kvs_fail(err, KVS_ERR_ARG, "--kv %s: shift is given twice", text);
         seen[SEEN_SHIFT] = 1;
