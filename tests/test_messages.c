@@ -15,6 +15,7 @@
 #endif
 #endif
 
+#ifndef KVS_ASAN
 static long vm_bytes(void)
 {
     FILE *f = fopen("/proc/self/statm", "r");
@@ -26,6 +27,7 @@ static long vm_bytes(void)
     }
     return pages * 4096;
 }
+#endif
 
 int main(void)
 {
