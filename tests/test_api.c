@@ -152,7 +152,7 @@ static void budget_clamp(const kvs_model *m)
     kvs_session *s = NULL;
     CHECK(kvs_session_new(m, &p, &s, &err) == KVS_OK);
     CHECKF(s && kvs_session_eval(s, ids, n, NULL, 0, &err) == KVS_OK, "%s", err.msg);
-    CHECKF(log.n == 1 && strstr(log.last, "streaming") && strstr(log.last, "budget=0.5") &&
+    CHECKF(log.n == 1 && strstr(log.last, "streaming") && strstr(log.last, "budget=0.5") && strstr(log.last, "0.5 of the 5-token prompt is 3 slots") &&
                strstr(log.last, "5 slots"),
            "%d notices, last '%s'", log.n, log.last);
     kvs_session_free(s);

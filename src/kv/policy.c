@@ -397,9 +397,10 @@ int kvs_policy_budget_notice(const kvs_policy_spec *spec, int n_prompt, char *bu
     if (b >= min)
         return 0;
     char f[32];
-    snprintf(buf, size, "--kv %s: budget=%s of a %d-token prompt is %d slot%s, fewer than %s "
-             "needs; using %d slots", spec->user[0] ? spec->user : spec->text,
-             kvs_format_number(f, sizeof f, spec->budget), n_prompt, b, b == 1 ? "" : "s",
+    snprintf(buf, size, "--kv %s: a budget of %s of the %d-token prompt is %d slot%s, below the "
+             "%d %s needs (its protected tokens plus one); using %d slots",
+             spec->user[0] ? spec->user : spec->text,
+             kvs_format_number(f, sizeof f, spec->budget), n_prompt, b, b == 1 ? "" : "s", min,
              spec->type->name, min);
     return 1;
 }
