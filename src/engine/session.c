@@ -157,10 +157,6 @@ kvs_status kvs_session_new(const kvs_model *m, const kvs_session_params *p, kvs_
                         "context length %d exceeds the model's trained context of %d tokens; set "
                         "allow_ctx_beyond_trained to use it anyway (quality degrades past %d)",
                         p->n_ctx, m->hp.ctx, m->hp.ctx);
-    if (p->n_ctx > m->hp.ctx)
-        notice(p, "context length %d is beyond the model's trained context of %d tokens: "
-               "positions past %d were never trained and quality degrades", p->n_ctx,
-               m->hp.ctx, m->hp.ctx);
     kvs_session *s = calloc(1, sizeof *s);
     if (!s)
         return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
@@ -190,6 +186,10 @@ kvs_status kvs_session_new(const kvs_model *m, const kvs_session_params *p, kvs_
         kvs_session_free(s);
         return st;
     }
+    if (p->n_ctx > m->hp.ctx)
+        notice(p, "context length %d is beyond the model's trained context of %d tokens: "
+               "positions past %d were never trained and quality degrades", p->n_ctx,
+               m->hp.ctx, m->hp.ctx);
     *out = s;
     return KVS_OK;
 }
