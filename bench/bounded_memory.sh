@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Peak KV bytes and RSS on a prompt far longer than the budget: evicting policies stay within
 # (budget + chunk) x bytes per token, the full cache grows with the prompt.
-#   bench/bounded_memory.sh [BUILD_DIR]   (env: N_PROMPT 16384, BUDGET 1024, CHUNK 512)
+#   bench/bounded_memory.sh [BUILD_DIR]   (env: N_PROMPT 16384, BUDGET 1024 slots, CHUNK 512)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$here/build}
@@ -16,7 +16,7 @@ echo "synthetic $shape, prompt $n_prompt random tokens, chunk $chunk, 16 decoded
 echo
 echo "| policy | KV bytes at end | peak KV bytes | (budget + chunk) x bytes/token | peak RSS | decode tok/s |"
 echo "|---|---|---|---|---|---|"
-for spec in "streaming:budget=$budget" "h2o:budget=$budget" full; do
+for spec in "streaming:slots=$budget" "h2o:slots=$budget" full; do
   "$kvslim" bench -m "$model" -p "$n_prompt" -n 16 --chunk "$chunk" -t 2 --kv "$spec" \
     --json "$out/b.json" >/dev/null
   python3 - "$out/b.json" "$spec" "$budget" "$chunk" <<'PY'

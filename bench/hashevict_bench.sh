@@ -7,9 +7,9 @@
 #
 # Every policy runs `kvslim bench -m MODEL -p N_PROMPT -n N_GEN -t THREADS --kv SPEC` ROUNDS
 # times, rounds alternating over the policies; the table shows medians. HashEvict runs twice:
-#   hashevict:budget=B,prefill=recent   the authors' prompt path (dense prefill, keep sinks +
+#   hashevict:budget=F,prefill=recent   the authors' prompt path (dense prefill, keep sinks +
 #                                       newest); its decode is the same as the paper path's;
-#   hashevict:budget=B                  the paper path (prompt beyond the budget fed token by
+#   hashevict:budget=F                  the paper path (prompt beyond the budget fed token by
 #                                       token through the eviction): slow prefill, one round
 #                                       only (PAPER=0 skips it).
 # HashEvict's per-step costs come from the policy's own CLOCK_MONOTONIC timers, printed on stderr
@@ -18,7 +18,7 @@
 # eviction (removing the victim from the position-sorted store, i.e. the compaction memmove,
 # and writing the slot table); fed prompt tokens are reported separately.
 #
-# Environment: N_PROMPT (8192), N_GEN (64), THREADS (2), BUDGET (0.1), ROUNDS (3), PAPER (1),
+# Environment: N_PROMPT (8192), N_GEN (64), THREADS (2), BUDGET (0.1; a fraction, or N for slots=N), ROUNDS (3), PAPER (1),
 #   POLICIES ("full streaming h2o tova"), QUIET_WAIT (60: before each run, wait up to this many
 #   seconds for other processes to use < 0.15 cores; the load others put on the machine during
 #   each run is reported as "foreign load").
@@ -84,11 +84,13 @@ run_one() { # spec tag round
         $((b1 - b0)) $((o1 - o0)) $((t1 - t0)) "$(getconf CLK_TCK)" >"$RAW/${tag}__r$r.foreign"
 }
 
+# BUDGET as a spec item: a fraction (0.1, 10%) is budget=, a whole number of slots is slots=.
+case $BUDGET in *.* | *%) B_ITEM="budget=$BUDGET" ;; *) B_ITEM="slots=$BUDGET" ;; esac
 specs=()
 for p in $POLICIES; do
-    if [ "$p" = full ]; then specs+=("full"); else specs+=("$p:budget=$BUDGET"); fi
+    if [ "$p" = full ]; then specs+=("full"); else specs+=("$p:$B_ITEM"); fi
 done
-specs+=("hashevict:budget=$BUDGET,prefill=recent")
+specs+=("hashevict:$B_ITEM,prefill=recent")
 tag_of() { echo "$1" | sed 's/[:,=]/_/g'; }
 
 log "synthetic 85.7M f32, prompt $N_PROMPT, $N_GEN decoded, $THREADS threads, budget $BUDGET, $ROUNDS rounds"
@@ -96,7 +98,7 @@ for r in $(seq 1 "$ROUNDS"); do
     for s in "${specs[@]}"; do run_one "$s" "$(tag_of "$s")" "$r"; done
 done
 if [ "$PAPER" = 1 ]; then
-    s="hashevict:budget=$BUDGET"
+    s="hashevict:$B_ITEM"
     specs+=("$s")
     run_one "$s" "$(tag_of "$s")" 1
 fi

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Decode speed and KV bytes per policy at long context, on one synthetic model file.
 #   bench/kv_policies_bench.sh [BUILD_DIR]
-# Env: N_PROMPT (8192), N_GEN (64), THREADS (2), BUDGET (0.1), TYPE (f32), KV_TYPE (f32),
+# Env: N_PROMPT (8192), N_GEN (64), THREADS (2), BUDGET (0.1; N for slots=N), TYPE (f32), KV_TYPE (f32),
 #      POLICIES ("full streaming h2o snapkv quest").
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$here/build}
 kvslim=$build/kvslim
 n_prompt=${N_PROMPT:-8192} n_gen=${N_GEN:-64} threads=${THREADS:-2} budget=${BUDGET:-0.1}
+# A fraction (0.1, 10%) is budget=F; a whole number N is slots=N.
+case $budget in *.* | *%) b_item="budget=$budget" ;; *) b_item="slots=$budget" ;; esac
 type=${TYPE:-f32} kv_type=${KV_TYPE:-f32}
 policies=${POLICIES:-full streaming h2o tova snapkv quest nacl hashevict}
 out=$build/bench/kv-policies
@@ -25,7 +27,7 @@ echo "| policy | prefill tok/s | prefill time in policy hooks | decode tok/s | d
 echo "|---|---|---|---|---|---|---|---|---|"
 full_decode=""
 for p in $policies; do
-  spec=$p; [ "$p" = full ] || spec="$p:budget=$budget"
+  spec=$p; [ "$p" = full ] || spec="$p:$b_item"
   echo "running $spec" >&2
   "$kvslim" bench -m "$model" -p "$n_prompt" -n "$n_gen" -t "$threads" --kv "$spec" \
     --kv-type "$kv_type" --json "$out/$p.json" >/dev/null

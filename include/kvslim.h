@@ -1,7 +1,10 @@
 /* kvslim: a C11 LLM inference engine built around the KV cache.
  *
  * Public API: opaque handles, status codes, no global state. Every function that can fail
- * returns a kvs_status; kvs_last_error() on the handle (or the error buffer passed in) tells why. */
+ * returns a kvs_status and fills the kvs_error passed in (which may be NULL): on failure its
+ * code and a message, on success code KVS_OK and an empty message. A NULL handle or a NULL
+ * required pointer is refused with KVS_ERR_ARG; functions that cannot fail treat a NULL handle
+ * as empty (0, -1 or "" as documented) and free functions accept NULL. */
 #ifndef KVSLIM_H
 #define KVSLIM_H
 
@@ -25,7 +28,7 @@ typedef enum kvs_status {
 const char *kvs_status_name(kvs_status s);
 
 /* Filled by every fallible call: the status and a message naming the file, key, tensor or
- * argument at fault. */
+ * argument at fault; cleared (KVS_OK, "") when the call succeeds. */
 typedef struct kvs_error {
     kvs_status code;
     char msg[512];
@@ -41,18 +44,22 @@ typedef struct kvs_model_info {
     size_t weight_bytes;     /* bytes of every weight tensor as stored */
 } kvs_model_info;
 
-/* Maps and validates a llama-architecture GGUF file. */
+/* Maps and validates a llama-architecture GGUF file. A llama2.c checkpoint is refused with a
+ * message saying how to convert it. */
 kvs_status kvs_model_load(const char *path, kvs_model **out, kvs_error *err);
 void kvs_model_free(kvs_model *m);
+/* A NULL model gives all zeros (weight_type ""). */
 void kvs_model_get_info(const kvs_model *m, kvs_model_info *info);
 
 /* ---- tokens ---- */
+/* -1 for a NULL model. */
 int kvs_token_bos(const kvs_model *m);
 int kvs_token_eos(const kvs_model *m);
 /* Encodes text; *ids is malloc'd and owned by the caller (free()). */
 kvs_status kvs_tokenize(const kvs_model *m, const char *text, int add_bos, int32_t **ids,
                         int *n_ids, kvs_error *err);
-/* Printable bytes of token id following token prev; *len is set (may contain a NUL byte). */
+/* Printable bytes of token id following token prev; *len is set (may contain a NUL byte).
+ * "" with *len 0 for a NULL model or an id outside the vocabulary. len may be NULL. */
 const char *kvs_token_text(const kvs_model *m, int prev, int id, int *len);
 
 /* ---- sessions: one sequence's KV cache and forward-pass state ---- */
@@ -60,7 +67,8 @@ typedef struct kvs_session kvs_session;
 
 typedef struct kvs_session_params {
     int n_threads;         /* >= 1 */
-    int n_ctx;             /* 0 = the model's trained context */
+    int n_ctx;             /* 0 = the model's trained context; more than it needs
+                              allow_ctx_beyond_trained */
     int chunk;             /* prompt tokens per forward batch; 0 = 512 */
     const char *kv_policy; /* "NAME[:key=value,...]" (see kvs_kv_policy_help); NULL = full */
     const char *kv_type;   /* KV storage: "f32" (NULL, the default) or "f16" */
@@ -74,6 +82,9 @@ typedef struct kvs_session_params {
      * trailing newline. NULL: no notices. */
     void (*log)(void *ctx, const char *msg);
     void *log_ctx;
+    /* 1: accept an n_ctx beyond the model's trained context (positions past it were never
+     * trained: quality degrades), with a notice to log. 0: such an n_ctx is refused. */
+    int allow_ctx_beyond_trained;
 } kvs_session_params;
 
 /* Lists the KV policies and their parameters. */
@@ -95,6 +106,7 @@ void kvs_session_reset(kvs_session *s);
  * n x n_vocab floats when all_logits, else the n_vocab logits of the last token. */
 kvs_status kvs_session_eval(kvs_session *s, const int32_t *tokens, int n, float *logits,
                             int all_logits, kvs_error *err);
+/* Tokens fed since creation or reset (0 for NULL). */
 int kvs_session_n_past(const kvs_session *s);
 /* Bytes held by the KV cache now, and bytes a full F16 cache of the same tokens would hold. */
 size_t kvs_session_kv_bytes(const kvs_session *s);
@@ -108,6 +120,28 @@ typedef struct kvs_step_stats {
                               measure_recall; else 1) */
 } kvs_step_stats;
 void kvs_session_last_step(const kvs_session *s, kvs_step_stats *st);
+
+/* ---- sampling: the next token from a row of logits ---- */
+typedef struct kvs_sampler kvs_sampler;
+
+/* softmax(logits / temperature) over the candidates, keep the top_k most likely (ties: lower
+ * id), then the smallest most-likely-first prefix reaching top_p, renormalise, draw. */
+typedef struct kvs_sampler_params {
+    float temperature; /* >= 0; 0 = greedy (argmax, ties to the lowest id) */
+    int top_k;         /* >= 0; 0 = off */
+    float top_p;       /* [0, 1]; 1 = off, 0 = the most likely token only */
+    uint64_t seed;     /* the same seed and logits give the same tokens on every platform */
+} kvs_sampler_params;
+
+/* The CLI's defaults: temperature 0.8, top_k 40, top_p 0.95, seed 42. */
+kvs_sampler_params kvs_sampler_default_params(void);
+/* A sampler over n_vocab logits (kvs_model_info.n_vocab); params are copied. */
+kvs_status kvs_sampler_new(int n_vocab, const kvs_sampler_params *params, kvs_sampler **out,
+                           kvs_error *err);
+/* A token id in [0, n_vocab) from n_vocab logits (not modified; NaN counts as -inf), or -1 if s
+ * or logits is NULL. */
+int kvs_sampler_sample(kvs_sampler *s, const float *logits);
+void kvs_sampler_free(kvs_sampler *s);
 
 #ifdef __cplusplus
 }

@@ -26,7 +26,7 @@ echo "| policy | $(echo "$budgets" | sed 's/,/ | /g') |"
 echo "|---|$(echo "$budgets" | sed 's/[^,]*/---|/g; s/,//g')"
 jq -s -r --arg budgets "$budgets" '
   [.[][] | select(.policy != "full") | {p: (.params | sub(",?seed=[0-9]+"; "") | sub(":$"; "")
-     | sub("budget=[^,]*,?"; "") | sub(":$"; "")), b: .budget, kl: .kl}]
+     | sub("(budget|slots)=[^,]*,?"; "") | sub(":$"; "")), b: .budget, kl: .kl}]
   | group_by(.p)[] | . as $g
   | ($budgets | split(",") | map(tonumber)) as $bs
   | "| \($g[0].p) | " + ([$bs[] as $b | [$g[] | select(.b == $b) | .kl] as $k

@@ -54,6 +54,12 @@ static int read_tokens(const char *path, int32_t *out, int max)
     return n;
 }
 
+static void count_notice(void *ctx, const char *msg)
+{
+    (void)msg;
+    ++*(int *)ctx;
+}
+
 static void test_protocol(void)
 {
     char path[1024];
@@ -88,11 +94,24 @@ static void test_protocol(void)
     CHECK(kvs_eval_policy(m, &s, &ref, "full", &again, &err) == KVS_OK);
     CHECKF(again.kl == 0.0 && again.top1 == 1.0 && again.ppl == full.ppl, "kl %g", again.kl);
 
-    CHECK(kvs_eval_policy(m, &s, &ref, "streaming:budget=8", &st, &err) == KVS_OK);
+    CHECK(kvs_eval_policy(m, &s, &ref, "streaming:slots=8", &st, &err) == KVS_OK);
     CHECKF(st.kl > 0 && st.top1 <= 1.0, "kl %g", st.kl);
     CHECK(st.slots_kept == 8 && st.budget_slots == 8 && fabs(st.slots_attended_mean - 8) < 1e-9);
     CHECK(st.attn_recall < 1.0 && st.kv_bytes_mean < full.kv_bytes_mean);
     CHECK(st.ppl_full == full.ppl && st.kind == KVS_KIND_EVICTING);
+
+    /* A fraction below StreamingLLM's 4 sinks + 1 (0.1 x 32 = 3 slots) is raised to 5 slots,
+     * with a notice through the setup's log. */
+    {
+        int notices = 0;
+        kvs_eval_setup ls = s;
+        ls.log = count_notice;
+        ls.log_ctx = &notices;
+        kvs_eval_result low;
+        CHECK(kvs_eval_policy(m, &ls, &ref, "streaming:budget=0.1", &low, &err) == KVS_OK);
+        CHECKF(low.budget_slots == 5 && low.slots_kept == 5 && notices == 1, "%d slots, %d notices",
+               low.budget_slots, notices);
+    }
 
     /* budget=1.0 is the whole prompt, not one token, and its text says so. */
     CHECK(kvs_eval_policy(m, &s, &ref, "streaming:budget=1.0", &one, &err) == KVS_OK);

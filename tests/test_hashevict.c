@@ -941,8 +941,8 @@ static void test_config_and_bytes(void)
 {
     CHECK(spec_error("hashevict:budget=0.1,bits=0", "bits=0 is out of range"));
     CHECK(spec_error("hashevict:budget=0.1,bits=513", "bits=513 is out of range"));
-    CHECK(spec_error("hashevict:budget=1.5", "a fraction must be in (0, 1]"));
-    CHECK(spec_error("hashevict:budget=0", "budget '0'"));
+    CHECK(spec_error("hashevict:budget=1.5", "must be a decimal number in (0, 1]"));
+    CHECK(spec_error("hashevict:slots=0", "slots=0"));
     CHECK(spec_error("hashevict:budget=0.1,mode=value", "mode=value is not one of query|key"));
     CHECK(spec_error("hashevict:budget=0.1,ties=newest", "not one of oldest|slot"));
     CHECK(spec_error("hashevict:budget=0.1,prefill=dense", "not one of paper|recent"));
@@ -967,7 +967,7 @@ static void test_config_and_bytes(void)
     for (size_t i = 0; i < sizeof bits_list / sizeof *bits_list; i++) {
         char text[96];
         const int b = bits_list[i];
-        snprintf(text, sizeof text, "hashevict:budget=100,bits=%d", b);
+        snprintf(text, sizeof text, "hashevict:slots=100,bits=%d", b);
         kvs_kv *kv = NULL;
         if (kvs_policy_parse(text, &spec, &err) != KVS_OK ||
             kvs_kv_new(&cfg, &spec, &kv, &err) != KVS_OK ||
@@ -991,7 +991,7 @@ static void test_config_and_bytes(void)
     CHECKF(ok, "T21: code bytes (packed and allocated), R and the slot table");
     /* l2evict: norms and the slot table, no codes. */
     kvs_kv *kv = NULL;
-    CHECK(kvs_policy_parse("l2evict:budget=100", &spec, &err) == KVS_OK &&
+    CHECK(kvs_policy_parse("l2evict:slots=100", &spec, &err) == KVS_OK &&
           kvs_kv_new(&cfg, &spec, &kv, &err) == KVS_OK &&
           kvs_kv_begin_prompt(kv, 300, &err) == KVS_OK);
     kvs_he_bytes by;
@@ -1037,10 +1037,10 @@ int main(void)
     const size_t heads = (size_t)info.n_layers * info.n_kv_heads;
 
     /* T19: budgets that leave no evictable slot are rejected at the prompt's start. */
-    CHECK(start_error("hashevict:budget=14", "must exceed sinks + recent = 4 + 10"));
-    CHECK(start_error("hashevict:budget=2,sinks=1,recent=1", "must exceed"));
-    CHECK(start_error("l2evict:budget=14", "must exceed"));
-    CHECK(start_error("hashevict:budget=600", "exceeds the context of 512"));
+    CHECK(start_error("hashevict:slots=14", "must exceed sinks + recent = 4 + 10"));
+    CHECK(start_error("hashevict:slots=2,sinks=1,recent=1", "must exceed"));
+    CHECK(start_error("l2evict:slots=14", "must exceed"));
+    CHECK(start_error("hashevict:slots=600", "exceeds the context of 512"));
 
     /* The protocol's configuration: prompt 384, budget 0.25 (C = 96), paper prefill (96 dense
      * tokens, 288 fed), ties=oldest; every eviction checked against brute force. */
@@ -1084,7 +1084,7 @@ int main(void)
     }
     /* T14: a budget of prompt + decoded tokens gives the full cache's logits exactly. */
     {
-        hrun r = {.spec = "hashevict:budget=184", .prompt = P2, .decode = DEC, .threads = 1};
+        hrun r = {.spec = "hashevict:slots=184", .prompt = P2, .decode = DEC, .threads = 1};
         run_checked(&r, P2 + DEC);
         check_hrun(&r);
         double d = row_diff(r.logits, 0, ref, 0, 1 + DEC);
@@ -1095,7 +1095,7 @@ int main(void)
     }
     /* T8: budget 170: 10 decode steps fill free slots (logits still equal), then evictions. */
     {
-        hrun r = {.spec = "hashevict:budget=170", .prompt = P2, .decode = DEC, .threads = 1};
+        hrun r = {.spec = "hashevict:slots=170", .prompt = P2, .decode = DEC, .threads = 1};
         run_checked(&r, 170);
         check_hrun(&r);
         double d = row_diff(r.logits, 0, ref, 0, 11);
@@ -1130,7 +1130,7 @@ int main(void)
 
     /* T18: paper prefill of 160 tokens = a 40-token prompt followed by 120 decode steps. */
     {
-        hrun split = {.spec = "hashevict:budget=40", .prompt = C2, .decode = P2 - C2 + DEC,
+        hrun split = {.spec = "hashevict:slots=40", .prompt = C2, .decode = P2 - C2 + DEC,
                       .threads = 1};
         run_checked(&split, C2);
         check_hrun(&split);

@@ -16,6 +16,8 @@ typedef struct defect {
     const char *arch;          /* general.architecture */
     const char *skip_key;      /* leave this key out */
     int heads_kv;              /* head_count_kv value */
+    int block_count;           /* llama.block_count to write (0: LAYERS; tensors: LAYERS) */
+    const char *extra_tensor;  /* one more (DIM-element) tensor of this name */
 } defect;
 
 static float zeros[VOCAB * DIM + DIM * HIDDEN];
@@ -43,7 +45,7 @@ static kvs_status write_model(const char *path, const defect *d)
     set_u32(w, d, "llama.context_length", CTX);
     set_u32(w, d, "llama.embedding_length", DIM);
     set_u32(w, d, "llama.feed_forward_length", HIDDEN);
-    set_u32(w, d, "llama.block_count", LAYERS);
+    set_u32(w, d, "llama.block_count", d->block_count ? (uint32_t)d->block_count : LAYERS);
     set_u32(w, d, "llama.attention.head_count", HEADS);
     set_u32(w, d, "llama.attention.head_count_kv", d->heads_kv ? (uint32_t)d->heads_kv : KV);
     const char *pieces[VOCAB];
@@ -77,6 +79,8 @@ static kvs_status write_model(const char *path, const defect *d)
         add(w, d, N("ffn_down.weight"), DIM, HIDDEN);
 #undef N
     }
+    if (d->extra_tensor)
+        add(w, d, d->extra_tensor, 1, DIM);
     kvs_error err;
     kvs_status st = kvs_gguf_write(w, path, &err);
     kvs_gguf_writer_free(w);
@@ -89,8 +93,10 @@ static void expect_load_error(const char *path, const defect *d, const char *wan
     kvs_model *m = NULL;
     kvs_error err = {0};
     kvs_status st = kvs_model_load(path, &m, &err);
-    CHECKF(st != KVS_OK && strstr(err.msg, want) && strstr(err.msg, path),
-           "want '%s', got status %d '%s'", want, st, err.msg);
+    /* The message names the file, once. */
+    const char *at = strstr(err.msg, path);
+    CHECKF(st != KVS_OK && strstr(err.msg, want) && at && !strstr(at + 1, path),
+           "want '%s' and the path once, got status %d '%s'", want, st, err.msg);
     kvs_model_free(m);
 }
 
@@ -165,6 +171,17 @@ int main(void)
     expect_load_error(path, &d5, "head_count_kv 3 does not divide head_count 4");
     defect d6 = {.skip_tensor = "token_embd.weight"};
     expect_load_error(path, &d6, "token_embd.weight");
+    /* Tensors the loader would ignore are refused: blocks beyond block_count, unknown names. */
+    defect d7 = {.block_count = LAYERS - 1};
+    expect_load_error(path, &d7, "tensor 'blk.1.attn_norm.weight' belongs to block 1, but "
+                                 "llama.block_count is 1");
+    defect d8 = {.extra_tensor = "blk.0.attn_q.bias"};
+    expect_load_error(path, &d8, "tensor 'blk.0.attn_q.bias' is not one kvslim's llama loader "
+                                 "uses");
+    defect d9 = {.extra_tensor = "blk.7.ffn_up.weight"};
+    expect_load_error(path, &d9, "tensor 'blk.7.ffn_up.weight' belongs to block 7");
+    defect d10 = {.extra_tensor = "output_norm.bias"};
+    expect_load_error(path, &d10, "tensor 'output_norm.bias' is not one");
     remove(path);
     return check_summary("model");
 }

@@ -775,7 +775,7 @@ int main(void)
     CHECK(error_mentions("nacl", "needs budget"));
     CHECK(start_fails("nacl:budget=0.2,proxy_begin=300,proxy_end=400", "proxy span [300, 400)"));
     CHECK(start_fails("nacl:budget=0.2,proxy_end=10", "proxy_end needs proxy_begin"));
-    CHECK(start_fails("nacl:budget=600", "exceeds the context"));
+    CHECK(start_fails("nacl:slots=600", "exceeds the context"));
 
     /* The reference, decoded to the end of the context. */
     run full = {.spec = "full", .decode = D_ALL};
@@ -856,7 +856,7 @@ int main(void)
     /* 11: n_P = p, rho = 0, no sinks or recent -> top-B of the full causal attention's column
      * sums (one-shot H2O): h2o with a budget over the prompt accumulates exactly those. */
     {
-        run h = {.spec = "h2o:budget=512", .decode = 0};
+        run h = {.spec = "h2o:slots=512", .decode = 0};
         run n = {.spec = "nacl:budget=0.25,proxy=1,random_share=0,sinks=0,recent=0", .decode = 0};
         do_run(&h);
         do_run(&n);
@@ -916,7 +916,7 @@ int main(void)
 
     /* 2: budget >= prompt, or a prompt <= min_prompt: bit-identical for the whole generation. */
     {
-        const char *specs[] = {"nacl:budget=1.0", "nacl:budget=400,interval=4",
+        const char *specs[] = {"nacl:budget=1.0", "nacl:slots=400,interval=4",
                                "nacl:budget=0.25,min_prompt=384"};
         for (int i = 0; i < 3; i++) {
             /* the whole continuation for the first; 40 tokens (5 periods) for the others */
@@ -979,8 +979,8 @@ int main(void)
                     only_prot &= r.o->kept[l][h][i] == (i < 4 ? i : PROMPT - 34 + (i - 4));
         CHECKF(only_prot, "rest = 0: not sinks + recent");
         free_run(&r);
-        const char *specs[] = {"nacl:budget=0.25,proxy=0", "nacl:budget=383",
-                               "nacl:budget=383,random_share=1,recent=0,sinks=0",
+        const char *specs[] = {"nacl:budget=0.25,proxy=0", "nacl:slots=383",
+                               "nacl:slots=383,random_share=1,recent=0,sinks=0",
                                "nacl:budget=0.25,temperature=0"};
         for (int i = 0; i < 4; i++) {
             run e = {.spec = specs[i], .decode = D_SHORT};

@@ -310,7 +310,7 @@ static const char *policies[] = {"streaming", "h2o", "tova", "snapkv", "knorm", 
                                  "quest"};
 #define N_POLICIES ((int)(sizeof policies / sizeof policies[0]))
 /* 30 tokens: below snapkv's window of 32 (it then keeps the last 30), two quest pages. */
-static const char *budgets[] = {"0.1", "0.25", "0.5", "30"};
+static const char *budgets[] = {"budget=0.1", "budget=0.25", "budget=0.5", "slots=30"};
 #define N_BUDGETS ((int)(sizeof budgets / sizeof budgets[0]))
 
 int main(void)
@@ -343,16 +343,17 @@ int main(void)
     CHECK(error_mentions("random:budget=0.1,seed=-1", "seed=-1 is out of range"));
     CHECK(error_mentions("h2o", "needs budget"));
     CHECK(error_mentions("tova:window=3", "unknown parameter 'window'"));
-    CHECK(error_mentions("knorm:budget=1.5", "a fraction must be in (0, 1]"));
-    CHECK(error_mentions("snapkv:budget=0", "budget '0'"));
+    CHECK(error_mentions("knorm:budget=1.5", "must be a decimal number in (0, 1]"));
+    CHECK(error_mentions("snapkv:slots=0", "slots=0: a number of slots is a whole number in [1, "));
+    CHECK(error_mentions("snapkv:budget=0", "budget=0: the budget must be positive"));
     for (int i = 0; i < N_POLICIES; i++) {
         char spec[64];
         snprintf(spec, sizeof spec, "%s:budget=0.25", policies[i]);
         CHECKF(kvs_kv_policy_check(spec, &err) == KVS_OK, "%s: %s", spec, err.msg);
     }
     /* Budgets a policy cannot honour fail at the prompt's start, naming the spec. */
-    CHECK(start_fails("streaming:budget=4", "streaming:budget=4"));
-    CHECK(start_fails("h2o:budget=1000", "exceeds the context of 512"));
+    CHECK(start_fails("streaming:slots=4", "streaming:slots=4"));
+    CHECK(start_fails("h2o:slots=1000", "exceeds the context of 512"));
     CHECK(start_fails("snapkv:budget=0.1,kernel=4", "kernel=4 must be odd"));
     CHECK(start_fails("quest:budget=0.1,dense_layers=9", "dense_layers=9 exceeds"));
 
@@ -366,12 +367,12 @@ int main(void)
     for (int i = 0; i < N_POLICIES; i++)
         for (int b = 0; b < N_BUDGETS; b++) {
             char spec[64];
-            snprintf(spec, sizeof spec, "%s:budget=%s", policies[i], budgets[b]);
+            snprintf(spec, sizeof spec, "%s:%s", policies[i], budgets[b]);
             run r = {.spec = spec, .threads = 2, .decode = D_SWEEP};
             do_run(&r);
             check_run(&r);
             CHECKF(r.o.calls > 0, "%s: no hook observed", spec);
-            if (!strcmp(spec, "snapkv:budget=30")) {
+            if (!strcmp(spec, "snapkv:slots=30")) {
                 int last = 1;
                 for (int l = 0; l < info.n_layers; l++)
                     for (int h = 0; h < info.n_kv_heads; h++)
@@ -427,7 +428,7 @@ int main(void)
 
     /* A budget of the whole prompt (or more): one-shot policies equal the full cache. */
     {
-        const char *specs[] = {"snapkv:budget=1.0", "knorm:budget=384", "random:budget=400"};
+        const char *specs[] = {"snapkv:budget=1.0", "knorm:slots=384", "random:slots=400"};
         for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
             run r = {.spec = specs[i], .threads = 2, .decode = D_SWEEP};
             do_run(&r);
@@ -448,7 +449,7 @@ int main(void)
         printf("full, chunk 64 vs one chunk: max logit difference %.3g\n", d);
         CHECKF(d < 1e-5, "full: chunked prefill differs by %g", d);
         free_run(&r);
-        const char *specs[] = {"h2o:budget=0.1", "streaming:budget=0.1", "tova:budget=100",
+        const char *specs[] = {"h2o:budget=0.1", "streaming:budget=0.1", "tova:slots=100",
                                "quest:budget=0.1"};
         for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
             run c = {.spec = specs[i], .chunk = 64, .threads = 2, .decode = D_ALL};
@@ -458,7 +459,7 @@ int main(void)
                 free_run(&c);
                 continue; /* keeps everything; run for its page bounds over a long decode */
             }
-            const int B = !strcmp(specs[i], "tova:budget=100") ? 100 : 38;
+            const int B = !strcmp(specs[i], "tova:slots=100") ? 100 : 38;
             const size_t heads = (size_t)info.n_layers * info.n_kv_heads;
             const double peak_slots = (double)c.peak_bytes / c.slot_bytes / heads;
             printf("%s, chunk 64: peak %.1f live slots per (layer, head), budget %d\n", specs[i],

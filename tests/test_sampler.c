@@ -19,7 +19,9 @@ static float frand(void) /* test-side random logits, independent of the sampler'
 static kvs_sampler *mk(int n, float temp, int k, float p, uint64_t seed)
 {
     kvs_sampler_params prm = {temp, k, p, seed};
-    return kvs_sampler_new(n, prm);
+    kvs_sampler *s = NULL;
+    kvs_error err;
+    return kvs_sampler_new(n, &prm, &s, &err) == KVS_OK ? s : NULL;
 }
 
 static int argmax_ref(const float *x, int n)
@@ -40,9 +42,8 @@ static void test_greedy(void)
     l[0] = NAN; /* NaN never wins */
     CHECK(kvs_sampler_sample(s, l) == 1);
     kvs_sampler_free(s);
-    s = mk(6, -1.0f, 0, 1.0f, 1); /* negative temperature: greedy too */
-    CHECK(kvs_sampler_sample(s, l) == 1);
-    kvs_sampler_free(s);
+    CHECK(mk(6, -1.0f, 0, 1.0f, 1) == NULL); /* a negative temperature is refused */
+    CHECK(mk(6, NAN, 0, 1.0f, 1) == NULL);
     float inf[3] = {-INFINITY, -INFINITY, -INFINITY};
     s = mk(3, 1.0f, 0, 1.0f, 1);
     int r = kvs_sampler_sample(s, inf);
@@ -54,7 +55,7 @@ static void test_greedy(void)
     for (int i = 0; i < 200; i++) only2 &= kvs_sampler_sample(s, one_left) == 2;
     CHECK(only2);
     kvs_sampler_free(s);
-    CHECK(kvs_sampler_new(0, (kvs_sampler_params){1.0f, 0, 1.0f, 1}) == NULL);
+    CHECK(mk(0, 1.0f, 0, 1.0f, 1) == NULL);
     CHECK(kvs_sampler_sample(NULL, l) == -1);
 }
 

@@ -1,4 +1,8 @@
-/* The public API: models, tokens and sessions (model + KV cache + forward-pass state). */
+/* The public API: models, tokens and sessions (model + KV cache + forward-pass state).
+ * Every entry point refuses a NULL handle or required pointer with KVS_ERR_ARG, and every
+ * fallible one clears the caller's kvs_error first, so a success leaves (KVS_OK, ""). */
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,11 +22,41 @@ struct kvs_session {
     int n_past;
 };
 
+static void clear_error(kvs_error *err)
+{
+    if (err) {
+        err->code = KVS_OK;
+        err->msg[0] = 0;
+    }
+}
+
+/* One notice line to the session's log callback, if any. */
+static void notice(const kvs_session_params *p, const char *fmt, ...) KVS_PRINTF(2, 3);
+static void notice(const kvs_session_params *p, const char *fmt, ...)
+{
+    if (!p->log)
+        return;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    p->log(p->log_ctx, msg);
+}
+
 kvs_status kvs_model_load(const char *path, kvs_model **out, kvs_error *err)
 {
+    clear_error(err);
+    if (out)
+        *out = NULL;
+    if (!path || !out)
+        return kvs_fail(err, KVS_ERR_ARG, "kvs_model_load: %s is NULL", path ? "out" : "path");
     kvs_gguf *g = NULL;
-    *out = NULL;
     kvs_status st = kvs_gguf_open(path, &g, err);
+    if (st == KVS_ERR_FORMAT && kvs_llama2c_sniff(path))
+        return kvs_fail(err, KVS_ERR_FORMAT,
+                        "%s is a llama2.c checkpoint, not a GGUF file; convert it with `kvslim "
+                        "convert %s --tokenizer TOK.bin -o OUT.gguf`", path, path);
     if (st != KVS_OK)
         return st;
     return kvs_llama_from_gguf(g, path, out, err);
@@ -39,8 +73,13 @@ static size_t weight_bytes(const kvs_weight *w)
 
 void kvs_model_get_info(const kvs_model *m, kvs_model_info *info)
 {
-    const kvs_hparams *hp = &m->hp;
+    if (!info)
+        return;
     memset(info, 0, sizeof *info);
+    info->weight_type = "";
+    if (!m)
+        return;
+    const kvs_hparams *hp = &m->hp;
     info->n_vocab = hp->vocab;
     info->n_ctx = hp->ctx;
     info->dim = hp->dim;
@@ -64,18 +103,32 @@ void kvs_model_get_info(const kvs_model *m, kvs_model_info *info)
     info->weight_bytes = bytes;
 }
 
-int kvs_token_bos(const kvs_model *m) { return kvs_tokenizer_bos(m->tokenizer); }
-int kvs_token_eos(const kvs_model *m) { return kvs_tokenizer_eos(m->tokenizer); }
+int kvs_token_bos(const kvs_model *m) { return m ? kvs_tokenizer_bos(m->tokenizer) : -1; }
+int kvs_token_eos(const kvs_model *m) { return m ? kvs_tokenizer_eos(m->tokenizer) : -1; }
 
 kvs_status kvs_tokenize(const kvs_model *m, const char *text, int add_bos, int32_t **ids,
                         int *n_ids, kvs_error *err)
 {
+    clear_error(err);
+    if (ids)
+        *ids = NULL;
+    if (n_ids)
+        *n_ids = 0;
+    if (!m || !text || !ids || !n_ids)
+        return kvs_fail(err, KVS_ERR_ARG, "kvs_tokenize: %s is NULL",
+                        !m ? "the model" : !text ? "text" : !ids ? "ids" : "n_ids");
     return kvs_tokenizer_encode(m->tokenizer, text, add_bos, ids, n_ids, err);
 }
 
 const char *kvs_token_text(const kvs_model *m, int prev, int id, int *len)
 {
-    return kvs_tokenizer_decode(m->tokenizer, prev, id, len);
+    int n = 0;
+    const char *t = m ? kvs_tokenizer_decode(m->tokenizer, prev, id, &n) : NULL;
+    if (!t)
+        t = "", n = 0;
+    if (len)
+        *len = n;
+    return t;
 }
 
 kvs_session_params kvs_session_default_params(void)
@@ -87,11 +140,23 @@ kvs_session_params kvs_session_default_params(void)
 kvs_status kvs_session_new(const kvs_model *m, const kvs_session_params *p, kvs_session **out,
                            kvs_error *err)
 {
-    *out = NULL;
+    clear_error(err);
+    if (out)
+        *out = NULL;
+    if (!m || !p || !out)
+        return kvs_fail(err, KVS_ERR_ARG, "kvs_session_new: %s is NULL",
+                        !m ? "the model" : !p ? "params" : "out");
     if (p->n_threads < 1 || p->n_threads > 256)
         return kvs_fail(err, KVS_ERR_ARG, "threads must be in [1, 256], got %d", p->n_threads);
     if (p->n_ctx < 0 || p->chunk < 0)
         return kvs_fail(err, KVS_ERR_ARG, "context and chunk must not be negative");
+    /* Positions past the trained context were never seen in training: refuse them unless the
+     * caller asked, and then say so once. */
+    if (p->n_ctx > m->hp.ctx && !p->allow_ctx_beyond_trained)
+        return kvs_fail(err, KVS_ERR_ARG,
+                        "context length %d exceeds the model's trained context of %d tokens; set "
+                        "allow_ctx_beyond_trained to use it anyway (quality degrades past %d)",
+                        p->n_ctx, m->hp.ctx, m->hp.ctx);
     kvs_session *s = calloc(1, sizeof *s);
     if (!s)
         return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
@@ -121,6 +186,10 @@ kvs_status kvs_session_new(const kvs_model *m, const kvs_session_params *p, kvs_
         kvs_session_free(s);
         return st;
     }
+    if (p->n_ctx > m->hp.ctx)
+        notice(p, "context length %d is beyond the model's trained context of %d tokens: "
+               "positions past %d were never trained and quality degrades", p->n_ctx,
+               m->hp.ctx, m->hp.ctx);
     *out = s;
     return KVS_OK;
 }
@@ -137,13 +206,29 @@ void kvs_session_free(kvs_session *s)
 
 void kvs_session_reset(kvs_session *s)
 {
+    if (!s)
+        return;
     kvs_kv_reset(s->kv);
     s->n_past = 0;
+}
+
+/* A fractional budget below what the policy's protected tokens need is raised for this prompt
+ * (kvs_policy_budget_slots); say so. */
+static void budget_notice(const kvs_session *s, int n_prompt)
+{
+    char msg[512];
+    if (s->params.log &&
+        kvs_policy_budget_notice(&kvs_kv_policy(s->kv)->spec, n_prompt, msg, sizeof msg))
+        s->params.log(s->params.log_ctx, msg);
 }
 
 kvs_status kvs_session_eval(kvs_session *s, const int32_t *tokens, int n, float *logits,
                             int all_logits, kvs_error *err)
 {
+    clear_error(err);
+    if (!s || !tokens)
+        return kvs_fail(err, KVS_ERR_ARG, "kvs_session_eval: %s is NULL",
+                        !s ? "the session" : "tokens");
     const int vocab = s->model->hp.vocab;
     if (n <= 0)
         return kvs_fail(err, KVS_ERR_ARG, "no tokens to evaluate");
@@ -160,6 +245,7 @@ kvs_status kvs_session_eval(kvs_session *s, const int32_t *tokens, int n, float 
                             tokens[i], i, vocab);
     int prompt = s->n_past == 0;
     if (prompt) {
+        budget_notice(s, n);
         kvs_status st = kvs_kv_begin_prompt(s->kv, n, err);
         if (st != KVS_OK)
             return st;
@@ -186,28 +272,41 @@ kvs_status kvs_session_eval(kvs_session *s, const int32_t *tokens, int n, float 
     return KVS_OK;
 }
 
-int kvs_session_n_past(const kvs_session *s) { return s->n_past; }
-size_t kvs_session_kv_peak_bytes(const kvs_session *s) { return kvs_kv_peak_bytes(s->kv); }
+int kvs_session_n_past(const kvs_session *s) { return s ? s->n_past : 0; }
+size_t kvs_session_kv_peak_bytes(const kvs_session *s) { return s ? kvs_kv_peak_bytes(s->kv) : 0; }
 
 void kvs_session_last_step(const kvs_session *s, kvs_step_stats *st)
 {
+    if (!st)
+        return;
+    if (!s) {
+        memset(st, 0, sizeof *st);
+        return;
+    }
     kvs_kv_step_stats k;
     kvs_kv_last_step(s->kv, &k);
     st->slots_attended = k.slots_attended;
     st->attn_recall = k.attn_recall;
 }
 
-void kvs_kv_policy_help(FILE *f) { kvs_policy_help(f); }
+void kvs_kv_policy_help(FILE *f)
+{
+    if (f)
+        kvs_policy_help(f);
+}
 
 kvs_status kvs_kv_policy_check(const char *spec, kvs_error *err)
 {
+    clear_error(err);
+    if (!spec)
+        return kvs_fail(err, KVS_ERR_ARG, "kvs_kv_policy_check: spec is NULL");
     kvs_policy_spec parsed;
     return kvs_policy_parse(spec, &parsed, err);
 }
-size_t kvs_session_kv_bytes(const kvs_session *s) { return kvs_kv_bytes(s->kv); }
+size_t kvs_session_kv_bytes(const kvs_session *s) { return s ? kvs_kv_bytes(s->kv) : 0; }
 size_t kvs_session_kv_bytes_full_f16(const kvs_session *s)
 {
-    return kvs_kv_bytes_full_f16(s->kv, s->n_past);
+    return s ? kvs_kv_bytes_full_f16(s->kv, s->n_past) : 0;
 }
 
 kvs_kv *kvs_session_kv(kvs_session *s) { return s->kv; }

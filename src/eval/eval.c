@@ -123,9 +123,11 @@ static kvs_status run(const kvs_model *m, const kvs_eval_setup *s, const char *s
     p.n_threads = s->n_threads;
     if (s->chunk > 0)
         p.chunk = s->chunk;
-    p.kv_policy = res->params;
+    p.kv_policy = spec_text; /* errors echo the spec as the user typed it */
     p.kv_type = s->kv_type;
     p.measure_recall = 1;
+    p.log = s->log;
+    p.log_ctx = s->log_ctx;
     kvs_session *sess = NULL;
     float *row = malloc(sizeof(float) * (size_t)V);
     if (!row)

@@ -27,6 +27,10 @@ typedef struct kvs_eval_setup {
     /* Called after every decode step (done of total), if set. */
     void (*progress)(void *ctx, int done, int total);
     void *progress_ctx;
+    /* Notices of the sessions (a fractional budget raised to the policy's minimum, ...), if
+     * set: see kvs_session_params.log. */
+    void (*log)(void *ctx, const char *msg);
+    void *log_ctx;
 } kvs_eval_setup;
 
 /* The full cache's scored rows. */

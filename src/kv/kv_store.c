@@ -1,9 +1,11 @@
 #include "kv/kv_store.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/kernels.h"
+#include "core/number.h"
 
 /* Live slots occupy rows [start, start + count) of arrays of cap rows. A free prefix lets a
  * removal near the front move the few slots before it instead of the long tail after it. */
@@ -170,10 +172,45 @@ static int head_resize(const kvs_store *s, store_head *h, int cap)
  * that one-token appends do not reallocate every step. */
 static int slack(int count) { return 16 + count / 16; }
 
+/* Keys and values must be finite, and for an F16 cache inside its range: a NaN or an
+ * overflow to inf would otherwise flow silently into every later attention. Checked before
+ * anything is stored, so a failed append leaves the store as it was. */
+static kvs_status check_rows(const kvs_store *s, int layer, int n, const float *k, const float *v,
+                             const int32_t *pos, kvs_error *err)
+{
+    const int hd = s->cfg.head_dim, nkv = s->cfg.n_kv_heads;
+    /* Beyond this an F32 value rounds to inf in F16 (65504 is the largest F16 number). */
+    const float f16_limit = s->cfg.type == KVS_F16 ? 65520.0f : INFINITY;
+    for (int kind = 0; kind < 2; kind++) {
+        const float *x = kind ? v : k;
+        for (size_t i = 0; i < (size_t)n * nkv * hd; i++) {
+            if (fabsf(x[i]) < f16_limit) /* false for NaN */
+                continue;
+            const int tok = (int)(i / ((size_t)nkv * hd)), h = (int)(i / hd % nkv);
+            if (!isfinite(x[i]))
+                return kvs_fail(err, KVS_ERR_FORMAT,
+                                "non-finite %s (%s) at layer %d, KV head %d, position %d: the "
+                                "model's weights or activations are not finite",
+                                kind ? "value" : "key", isnan(x[i]) ? "NaN" : "inf", layer, h,
+                                pos[tok]);
+            char num[32];
+            return kvs_fail(err, KVS_ERR_UNSUPPORTED,
+                            "a %s of %s overflows the F16 KV cache (largest 65504) at layer %d, "
+                            "KV head %d, position %d; use an F32 KV cache (--kv-type f32)",
+                            kind ? "value" : "key", kvs_format_number(num, sizeof num, x[i]),
+                            layer, h, pos[tok]);
+        }
+    }
+    return KVS_OK;
+}
+
 kvs_status kvs_store_append(kvs_store *s, int layer, int n, const float *k, const float *v,
                             const int32_t *pos, kvs_error *err)
 {
     const int hd = s->cfg.head_dim, nkv = s->cfg.n_kv_heads;
+    kvs_status cst = check_rows(s, layer, n, k, v, pos, err);
+    if (cst != KVS_OK)
+        return cst;
     for (int h = 0; h < nkv; h++) {
         store_head *H = head_at(s, layer, h);
         if (n > s->cfg.max_slots - H->count)

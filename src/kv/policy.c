@@ -1,11 +1,11 @@
 /* Policy registry, "--kv" spec parsing, budgets, and the shared keep-top eviction routine. */
 #include "kv/policy.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/number.h"
 #include "policies/policies.h"
 
 static const kvs_policy_type *const registry[] = {KVS_POLICY_REGISTRY};
@@ -59,42 +59,208 @@ static void join_words(const char *const *w, char *buf, size_t size)
         len += (size_t)snprintf(buf + len, size - len, "%s%s", i ? "|" : "", w[i]);
 }
 
-static kvs_status parse_number(const char *s, double *out)
+/* A parameter value as the canonical text writes it: whole numbers in full, others with the
+ * fewest digits that read back to the same double. */
+static void format_exact(char *buf, size_t size, double v)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v))
-        return KVS_ERR_ARG;
-    *out = v;
+    if (v == floor(v) && fabs(v) < 1e15) {
+        snprintf(buf, size, "%.0f", v);
+        return;
+    }
+    for (int prec = 6; prec <= 17; prec++) {
+        snprintf(buf, size, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v)
+            return;
+    }
+}
+
+/* budget=F (a decimal point or exponent, 0 < F <= 1) or budget=P% (0 < P <= 100). A whole
+ * number is refused: "budget=1" reads as one slot to some and the whole prompt to others. */
+static kvs_status parse_budget(kvs_policy_spec *spec, const char *text, const char *val,
+                               kvs_error *err)
+{
+    double v;
+    size_t len = strlen(val);
+    if (len > 0 && val[len - 1] == '%') {
+        char num[64];
+        if (len - 1 >= sizeof num || (memcpy(num, val, len - 1), num[len - 1] = 0,
+                                      kvs_parse_f64(num, 0, 100, &v) != 0) || v <= 0)
+            return kvs_fail(err, KVS_ERR_ARG,
+                            "--kv %s: budget=%s: a percentage of the prompt must be a decimal "
+                            "number in (0, 100] followed by %% (e.g. budget=25%%)", text, val);
+        spec->budget = v / 100;
+        spec->budget_is_fraction = 1;
+        return KVS_OK;
+    }
+    int64_t whole;
+    if (kvs_parse_i64(val, INT64_MIN, INT64_MAX, &whole) == 0) {
+        if (whole == 1)
+            return kvs_fail(err, KVS_ERR_ARG,
+                            "--kv %s: budget=1 is ambiguous: write budget=1.0 or budget=100%% for "
+                            "the whole prompt, or slots=1 for one slot", text);
+        if (whole > 1)
+            return kvs_fail(err, KVS_ERR_ARG,
+                            "--kv %s: budget=%s is ambiguous: write slots=%s for %s slots, or a "
+                            "fraction of the prompt with a decimal point or a percent (e.g. "
+                            "budget=0.25 or budget=25%%)", text, val, val, val);
+        return kvs_fail(err, KVS_ERR_ARG,
+                        "--kv %s: budget=%s: the budget must be positive: a fraction of the "
+                        "prompt in (0, 1] (e.g. budget=0.25 or budget=25%%) or slots=N", text,
+                        val);
+    }
+    if (kvs_parse_f64(val, 0, 1, &v) != 0 || v <= 0)
+        return kvs_fail(err, KVS_ERR_ARG,
+                        "--kv %s: budget=%s: a fraction of the prompt must be a decimal number in "
+                        "(0, 1] (e.g. budget=0.25 or budget=25%%); a number of slots is slots=N",
+                        text, val);
+    spec->budget = v;
+    spec->budget_is_fraction = 1;
     return KVS_OK;
 }
 
-static kvs_status parse_budget(kvs_policy_spec *spec, const char *val, kvs_error *err)
+static kvs_status parse_slots(kvs_policy_spec *spec, const char *text, const char *val,
+                              kvs_error *err)
 {
-    double v;
-    if (parse_number(val, &v) != KVS_OK || v <= 0)
+    int64_t n;
+    if (kvs_parse_i64(val, 1, INT32_MAX, &n) != 0)
         return kvs_fail(err, KVS_ERR_ARG,
-                        "--kv %s: budget '%s' must be a fraction of the prompt in (0, 1] (e.g. "
-                        "0.25) or a whole number of tokens >= 1 (e.g. 1024)",
-                        spec->type->name, val);
-    int fraction = strpbrk(val, ".eE") != NULL;
-    if (fraction && v > 1)
-        return kvs_fail(err, KVS_ERR_ARG,
-                        "--kv %s: budget %s: a fraction must be in (0, 1]; write a token count "
-                        "as a whole number", spec->type->name, val);
-    if (!fraction && (v != floor(v) || v > INT32_MAX))
-        return kvs_fail(err, KVS_ERR_ARG, "--kv %s: budget %s is not a valid token count",
-                        spec->type->name, val);
-    spec->budget = v;
-    spec->budget_is_fraction = fraction;
+                        "--kv %s: slots=%s: a number of slots is a whole number in [1, %d]; a "
+                        "fraction of the prompt is budget=F (e.g. budget=0.25 or budget=25%%)",
+                        text, val, INT32_MAX);
+    spec->budget = (double)n;
+    spec->budget_is_fraction = 0;
     return KVS_OK;
+}
+
+static kvs_status parse_param(kvs_policy_spec *out, const char *text, int i, const char *val,
+                              kvs_error *err)
+{
+    const kvs_policy_type *t = out->type;
+    const kvs_param_def *d = &t->params[i];
+    const char *const *words = param_words(t, d->name);
+    char list[256], lo[32], hi[32];
+    if (words) {
+        int w = 0;
+        while (words[w] && strcmp(words[w], val))
+            w++;
+        if (!words[w]) {
+            join_words(words, list, sizeof list);
+            return kvs_fail(err, KVS_ERR_ARG, "--kv %s: %s=%s is not one of %s", text, d->name,
+                            val, list);
+        }
+        out->values[i] = w;
+        return KVS_OK;
+    }
+    double v;
+    int64_t n;
+    int bad = d->integer ? kvs_parse_i64(val, INT64_MIN, INT64_MAX, &n) != 0
+                         : kvs_parse_f64(val, -HUGE_VAL, HUGE_VAL, &v) != 0;
+    if (d->integer && !bad)
+        v = (double)n;
+    if (bad || v < d->min || v > d->max)
+        return kvs_fail(err, KVS_ERR_ARG, "--kv %s: %s=%s is out of range (%s in [%s, %s])", text,
+                        d->name, val, d->integer ? "a whole number" : "a decimal number",
+                        kvs_format_number(lo, sizeof lo, d->min),
+                        kvs_format_number(hi, sizeof hi, d->max));
+    out->values[i] = v;
+    return KVS_OK;
+}
+
+/* One key=value item. seen[] marks keys already given: params by index, then budget/slots
+ * (shared: one budget) and shift. */
+enum { SEEN_BUDGET = KVS_MAX_PARAMS, SEEN_SHIFT, N_SEEN };
+
+static kvs_status parse_item(kvs_policy_spec *out, const char *text, const char *key,
+                             const char *val, char *seen, const char **budget_key, kvs_error *err)
+{
+    const kvs_policy_type *t = out->type;
+    char keys[256];
+    int budget_key_here = !strcmp(key, "budget") || !strcmp(key, "slots");
+    if (budget_key_here && t->kind != KVS_KIND_FULL) {
+        if (seen[SEEN_BUDGET])
+            return !strcmp(*budget_key, key)
+                       ? kvs_fail(err, KVS_ERR_ARG, "--kv %s: %s is given twice", text, key)
+                       : kvs_fail(err, KVS_ERR_ARG, "--kv %s: give budget=F (a fraction of the "
+                                  "prompt) or slots=N (a number of slots), not both", text);
+        seen[SEEN_BUDGET] = 1;
+        *budget_key = !strcmp(key, "budget") ? "budget" : "slots";
+        return key[0] == 'b' ? parse_budget(out, text, val, err)
+                             : parse_slots(out, text, val, err);
+    }
+    if (!strcmp(key, "shift")) {
+        if (t->kind != KVS_KIND_EVICTING) {
+            char list[256];
+            size_t len = 0;
+            list[0] = 0;
+            for (int i = 0; i < N_POLICIES && len < sizeof list; i++)
+                if (registry[i]->kind == KVS_KIND_EVICTING)
+                    len += (size_t)snprintf(list + len, sizeof list - len, "%s%s",
+                                            len ? ", " : "", registry[i]->name);
+            return kvs_fail(err, KVS_ERR_ARG,
+                            "--kv %s: shift=%s: position shifting is only for evicting policies "
+                            "(%s), whose cache stays bounded; %s is not one", text, val, list,
+                            t->name);
+        }
+        if (seen[SEEN_SHIFT])
+            return kvs_fail(err, KVS_ERR_ARG, "--kv %s: shift is given twice", text);
+        seen[SEEN_SHIFT] = 1;
+        if (strcmp(val, "on") && strcmp(val, "off"))
+            return kvs_fail(err, KVS_ERR_ARG, "--kv %s: shift=%s is not one of on|off", text, val);
+        out->shift = !strcmp(val, "on");
+        return KVS_OK;
+    }
+    for (int i = 0; i < t->n_params; i++)
+        if (!strcmp(t->params[i].name, key)) {
+            if (seen[i])
+                return kvs_fail(err, KVS_ERR_ARG, "--kv %s: %s is given twice", text, key);
+            seen[i] = 1;
+            return parse_param(out, text, i, val, err);
+        }
+    list_keys(t, keys, sizeof keys);
+    return kvs_fail(err, KVS_ERR_ARG, "--kv %s: unknown parameter '%s' (accepted: %s)", text, key,
+                    keys);
+}
+
+/* Canonical text: name, budget (budget=F with a decimal point, or slots=N), every parameter that
+ * differs from its default, then shift=on. Parses back to the same spec. */
+static void canonical_text(kvs_policy_spec *out)
+{
+    const kvs_policy_type *t = out->type;
+    size_t len = (size_t)snprintf(out->text, sizeof out->text, "%s", t->name);
+    char sep = ':', b[40];
+    if (t->kind != KVS_KIND_FULL) {
+        if (out->budget_is_fraction) {
+            snprintf(b, sizeof b, "%.10g", out->budget);
+            if (!strpbrk(b, ".eE"))
+                strcat(b, ".0");
+            len += (size_t)snprintf(out->text + len, sizeof out->text - len, "%cbudget=%s", sep,
+                                    b);
+        } else {
+            len += (size_t)snprintf(out->text + len, sizeof out->text - len, "%cslots=%.0f", sep,
+                                    out->budget);
+        }
+        sep = ',';
+    }
+    for (int i = 0; i < t->n_params && len < sizeof out->text; i++)
+        if (out->values[i] != t->params[i].def) {
+            const char *const *words = param_words(t, t->params[i].name);
+            if (words)
+                snprintf(b, sizeof b, "%s", words[(int)out->values[i]]);
+            else
+                format_exact(b, sizeof b, out->values[i]);
+            len += (size_t)snprintf(out->text + len, sizeof out->text - len, "%c%s=%s", sep,
+                                    t->params[i].name, b);
+            sep = ',';
+        }
+    if (out->shift && len < sizeof out->text)
+        snprintf(out->text + len, sizeof out->text - len, "%cshift=on", sep);
 }
 
 kvs_status kvs_policy_parse(const char *text, kvs_policy_spec *out, kvs_error *err)
 {
-    char names[256], keys[256];
+    char names[256];
     memset(out, 0, sizeof *out);
+    snprintf(out->user, sizeof out->user, "%s", text);
     const char *colon = strchr(text, ':');
     size_t name_len = colon ? (size_t)(colon - text) : strlen(text);
     char name[64];
@@ -114,86 +280,28 @@ kvs_status kvs_policy_parse(const char *text, kvs_policy_spec *out, kvs_error *e
     if (colon && colon[1]) {
         char *copy = strdup(colon + 1), *save = NULL;
         if (!copy)
-            return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
+            return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for --kv %s", text);
+        char seen[N_SEEN] = {0};
+        const char *budget_key = "";
         kvs_status st = KVS_OK;
         for (char *kv = strtok_r(copy, ",", &save); kv && st == KVS_OK;
              kv = strtok_r(NULL, ",", &save)) {
             char *eq = strchr(kv, '=');
             if (!eq) {
-                st = kvs_fail(err, KVS_ERR_ARG, "--kv %s: '%s' is not key=value", t->name, kv);
+                st = kvs_fail(err, KVS_ERR_ARG, "--kv %s: '%s' is not key=value", text, kv);
                 break;
             }
             *eq = 0;
-            const char *key = kv, *val = eq + 1;
-            if (!strcmp(key, "budget") && t->kind != KVS_KIND_FULL) {
-                st = parse_budget(out, val, err);
-                continue;
-            }
-            int i;
-            for (i = 0; i < t->n_params; i++)
-                if (!strcmp(t->params[i].name, key))
-                    break;
-            if (i == t->n_params) {
-                list_keys(t, keys, sizeof keys);
-                st = kvs_fail(err, KVS_ERR_ARG, "--kv %s: unknown parameter '%s' (accepted: %s)",
-                              t->name, key, keys);
-                break;
-            }
-            const kvs_param_def *d = &t->params[i];
-            const char *const *words = param_words(t, key);
-            if (words) {
-                int w = 0;
-                while (words[w] && strcmp(words[w], val))
-                    w++;
-                if (!words[w]) {
-                    join_words(words, keys, sizeof keys);
-                    st = kvs_fail(err, KVS_ERR_ARG, "--kv %s: %s=%s is not one of %s", t->name,
-                                  key, val, keys);
-                    break;
-                }
-                out->values[i] = w;
-                continue;
-            }
-            double v;
-            if (parse_number(val, &v) != KVS_OK || v < d->min || v > d->max ||
-                (d->integer && v != floor(v))) {
-                st = kvs_fail(err, KVS_ERR_ARG, "--kv %s: %s=%s is out of range (%s in [%g, %g])",
-                              t->name, key, val, d->integer ? "a whole number" : "a number",
-                              d->min, d->max);
-                break;
-            }
-            out->values[i] = v;
+            st = parse_item(out, text, kv, eq + 1, seen, &budget_key, err);
         }
         free(copy);
         if (st != KVS_OK)
             return st;
     }
     if (t->kind != KVS_KIND_FULL && out->budget == 0)
-        return kvs_fail(err, KVS_ERR_ARG, "--kv %s: needs budget=F (fraction of the prompt) or "
-                        "budget=N (tokens)", t->name);
-    /* Canonical text: name, budget, then every parameter that differs from its default. */
-    size_t len = (size_t)snprintf(out->text, sizeof out->text, "%s", t->name);
-    char sep = ':';
-    if (t->kind != KVS_KIND_FULL) {
-        /* A fraction keeps its decimal point, so the text parses back to the same budget. */
-        char b[32];
-        snprintf(b, sizeof b, "%.10g", out->budget);
-        if (out->budget_is_fraction && !strpbrk(b, ".eE"))
-            strcat(b, ".0");
-        len += (size_t)snprintf(out->text + len, sizeof out->text - len, "%cbudget=%s", sep, b);
-        sep = ',';
-    }
-    for (int i = 0; i < t->n_params && len < sizeof out->text; i++)
-        if (out->values[i] != t->params[i].def) {
-            const char *const *words = param_words(t, t->params[i].name);
-            if (words)
-                len += (size_t)snprintf(out->text + len, sizeof out->text - len, "%c%s=%s", sep,
-                                        t->params[i].name, words[(int)out->values[i]]);
-            else
-                len += (size_t)snprintf(out->text + len, sizeof out->text - len, "%c%s=%g", sep,
-                                        t->params[i].name, out->values[i]);
-            sep = ',';
-        }
+        return kvs_fail(err, KVS_ERR_ARG, "--kv %s: needs budget=F (a fraction of the prompt, "
+                        "e.g. budget=0.25 or budget=25%%) or slots=N (a number of slots)", text);
+    canonical_text(out);
     return KVS_OK;
 }
 
@@ -211,36 +319,64 @@ static const char *kind_name(kvs_policy_kind k)
 void kvs_policy_help(FILE *f)
 {
     fprintf(f, "KV policies: --kv NAME[:key=value,...]\n"
-               "budget=F with 0 < F <= 1 (written with a decimal point, e.g. 0.25 or 1.0) is a "
-               "fraction of the prompt,\nround(F x prompt) slots, half up; budget=N (a whole "
-               "number) is N slots; per layer and KV head.\n\n");
+               "The budget, per layer and KV head, is one of:\n"
+               "  budget=F    a fraction of the prompt, written with a decimal point (0 < F <= 1, "
+               "e.g. 0.25 or 1.0)\n"
+               "  budget=P%%   the same as a percentage (0 < P <= 100, e.g. 25%%)\n"
+               "              round(F x prompt) slots, half up; raised (with a notice) to the "
+               "fewest the policy accepts\n"
+               "  slots=N     exactly N slots (a whole number >= 1)\n"
+               "budget=N without a point is refused as ambiguous. Evicting policies also take "
+               "shift=on|off\n(position shifting: keep generating past the context). Each key "
+               "at most once.\n\n");
     for (int i = 0; i < N_POLICIES; i++) {
         const kvs_policy_type *t = registry[i];
         fprintf(f, "%-10s %s\n           (%s)\n", t->name, t->summary, kind_name(t->kind));
         if (t->kind != KVS_KIND_FULL)
-            fprintf(f, "           budget      required\n");
+            fprintf(f, "           budget      required: budget=F, budget=P%% or slots=N\n");
+        if (t->kind == KVS_KIND_EVICTING)
+            fprintf(f, "           shift       default off, one of on|off: position shifting\n");
         for (int j = 0; j < t->n_params; j++) {
             const char *const *words = param_words(t, t->params[j].name);
-            char list[128];
+            char list[128], def[32], lo[32], hi[32];
             if (words) {
                 join_words(words, list, sizeof list);
                 fprintf(f, "           %-11s default %s, one of %s: %s\n", t->params[j].name,
                         words[(int)t->params[j].def], list, t->params[j].help);
             } else {
-                fprintf(f, "           %-11s default %.10g, range [%.10g, %.10g]: %s\n",
-                        t->params[j].name, t->params[j].def, t->params[j].min, t->params[j].max,
-                        t->params[j].help);
+                format_exact(def, sizeof def, t->params[j].def);
+                fprintf(f, "           %-11s default %s, range [%s, %s]: %s\n",
+                        t->params[j].name, def, kvs_format_number(lo, sizeof lo, t->params[j].min),
+                        kvs_format_number(hi, sizeof hi, t->params[j].max), t->params[j].help);
             }
         }
     }
 }
 
+double kvs_policy_spec_param(const kvs_policy_spec *spec, const char *name)
+{
+    for (int i = 0; i < spec->type->n_params; i++)
+        if (!strcmp(spec->type->params[i].name, name))
+            return spec->values[i];
+    return 0.0;
+}
+
 double kvs_policy_param(const kvs_policy *p, const char *name)
 {
-    for (int i = 0; i < p->type->n_params; i++)
-        if (!strcmp(p->type->params[i].name, name))
-            return p->spec.values[i];
-    return 0.0;
+    return kvs_policy_spec_param(&p->spec, name);
+}
+
+int kvs_policy_min_budget(const kvs_policy_spec *spec)
+{
+    int m = spec->type && spec->type->min_budget ? spec->type->min_budget(spec) : 1;
+    return m < 1 ? 1 : m;
+}
+
+/* round(F * n), half up, at least 1 */
+static int fraction_slots(const kvs_policy_spec *spec, int n_prompt)
+{
+    double b = floor(spec->budget * n_prompt + 0.5);
+    return b < 1 ? 1 : b > INT32_MAX ? INT32_MAX : (int)b;
 }
 
 int kvs_policy_budget_slots(const kvs_policy_spec *spec, int n_prompt)
@@ -249,8 +385,24 @@ int kvs_policy_budget_slots(const kvs_policy_spec *spec, int n_prompt)
         return INT32_MAX;
     if (!spec->budget_is_fraction)
         return (int)spec->budget;
-    double b = floor(spec->budget * n_prompt + 0.5);
-    return b < 1 ? 1 : (int)b;
+    int b = fraction_slots(spec, n_prompt), min = kvs_policy_min_budget(spec);
+    return b < min ? min : b;
+}
+
+int kvs_policy_budget_notice(const kvs_policy_spec *spec, int n_prompt, char *buf, size_t size)
+{
+    if (spec->budget <= 0 || !spec->budget_is_fraction)
+        return 0;
+    int b = fraction_slots(spec, n_prompt), min = kvs_policy_min_budget(spec);
+    if (b >= min)
+        return 0;
+    char f[32];
+    snprintf(buf, size, "--kv %s: a budget of %s of the %d-token prompt is %d slot%s, below the "
+             "%d %s needs (its protected tokens plus one); using %d slots",
+             spec->user[0] ? spec->user : spec->text,
+             kvs_format_number(f, sizeof f, spec->budget), n_prompt, b, b == 1 ? "" : "s", min,
+             spec->type->name, min);
+    return 1;
 }
 
 kvs_status kvs_policy_add_group_mean(const kvs_policy *p, int layer, const kvs_chunk *c,
@@ -262,7 +414,7 @@ kvs_status kvs_policy_add_group_mean(const kvs_policy *p, int layer, const kvs_c
         const int n = kvs_store_count(p->store, layer, h);
         if (n > stride) /* slots from before this prompt: not a state these policies support */
             return kvs_fail(err, KVS_ERR_ARG, "--kv %s: %d slots for a prompt of %d tokens",
-                            p->spec.text, n, stride);
+                            p->spec.user, n, stride);
         float *dst = score + (size_t)h * stride;
         for (int g = 0; g < group; g++) {
             const float *cs = c->colsum + (size_t)(h * group + g) * c->colsum_stride;

@@ -39,10 +39,11 @@ struct kvs_policy_type;
 typedef struct kvs_policy_spec {
     const struct kvs_policy_type *type;
     double values[KVS_MAX_PARAMS]; /* per type->params, defaults filled in */
-    double budget;                 /* fraction (0, 1] or token count >= 1; 0 = none given */
+    double budget;                 /* budget=F: fraction (0, 1]; slots=N: count >= 1; 0 = none */
     int budget_is_fraction;
     int shift;                     /* shift=on: position shifting (kvs_session_params) */
-    char text[256];                /* canonical form, e.g. "h2o:budget=0.1" */
+    char text[256];                /* canonical form, e.g. "h2o:budget=0.1", "h2o:slots=64" */
+    char user[256];                /* as the user typed it, for messages */
 } kvs_policy_spec;
 
 /* A policy instance attached to one kv layer. */
@@ -78,6 +79,11 @@ typedef struct kvs_policy_type {
     int n_meta; /* per-slot float channels the policy keeps in the store */
     const kvs_param_words *words; /* word-valued parameters (optional) */
     int n_words;
+
+    /* The smallest budget in slots the policy accepts with these parameters (protected tokens
+     * plus one evictable slot, say); NULL: 1. A fractional budget that resolves below it is
+     * raised to it (with a notice); a slots=N below it is rejected by start. */
+    int (*min_budget)(const kvs_policy_spec *spec);
 
     /* A prompt begins: budget and n_prompt are set. Allocate state; reject a budget the policy
      * cannot honour. */
@@ -122,9 +128,17 @@ void kvs_policy_help(FILE *f);
 /* Value of a declared parameter (its default when not given); a word-valued parameter gives
  * its word's index. */
 double kvs_policy_param(const kvs_policy *p, const char *name);
+/* Value of a declared parameter in a parsed spec (its default when not given). */
+double kvs_policy_spec_param(const kvs_policy_spec *spec, const char *name);
+/* The smallest budget in slots the spec's policy accepts (type->min_budget, else 1). */
+int kvs_policy_min_budget(const kvs_policy_spec *spec);
 /* Slots per (layer, head) for a prompt of n_prompt tokens: a fraction F gives round(F * n)
- * (half up, at least 1); a count is taken as is. INT32_MAX when the spec has no budget. */
+ * (half up), raised to kvs_policy_min_budget; a count is taken as is. INT32_MAX when the spec
+ * has no budget. */
 int kvs_policy_budget_slots(const kvs_policy_spec *spec, int n_prompt);
+/* If the fraction was raised for this prompt, writes a one-line notice naming the policy, the
+ * fraction and the slots used into buf and returns 1; else returns 0. */
+int kvs_policy_budget_notice(const kvs_policy_spec *spec, int n_prompt, char *buf, size_t size);
 
 /* Adds a prompt chunk's column sums, averaged over each KV head's query heads (times 1/group,
  * in head order), into score[h * stride + slot] for every slot the head holds. Fails if a head

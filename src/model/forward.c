@@ -1,5 +1,6 @@
 #include "model/forward.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,6 +52,29 @@ static void add_rows(float *x, const float *d, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         x[i] += d[i];
+}
+
+/* NaN or inf logits (NaN weights, an overflowing activation) would otherwise pass silently:
+ * sampling reads NaN as -inf and every comparison against them looks perfect. One pass over
+ * the vocabulary per row, negligible next to the output matmul. */
+static kvs_status check_logits(const float *logits, int rows, int vocab, int pos, kvs_error *err)
+{
+    for (int r = 0; r < rows; r++) {
+        const float *row = logits + (size_t)r * vocab;
+        float acc = 0.0f; /* x * 0 is NaN exactly for NaN and inf x */
+        for (int i = 0; i < vocab; i++)
+            acc += row[i] * 0.0f;
+        if (acc == 0.0f)
+            continue;
+        int i = 0;
+        while (i < vocab && isfinite(row[i]))
+            i++;
+        return kvs_fail(err, KVS_ERR_FORMAT,
+                        "non-finite logit (%s for token %d) at position %d: the model's weights "
+                        "or activations are not finite", isnan(row[i]) ? "NaN" : "inf", i,
+                        pos + r);
+    }
+    return KVS_OK;
 }
 
 kvs_status kvs_forward(const struct kvs_model *m, kvs_pool *pool, kvs_kv *kv,
@@ -106,5 +130,5 @@ kvs_status kvs_forward(const struct kvs_model *m, kvs_pool *pool, kvs_kv *kv,
     for (int i = first; i < n; i++)
         kvs_rmsnorm(b->x + (size_t)i * dim, b->x + (size_t)i * dim, m->output_norm, dim, hp->eps);
     matmul(pool, logits, b->x + (size_t)first * dim, &m->output, n - first);
-    return KVS_OK;
+    return check_logits(logits, n - first, hp->vocab, pos0 + first, err);
 }

@@ -57,6 +57,10 @@ struct kvs_model {
 kvs_status kvs_llama_from_gguf(kvs_gguf *g, const char *path, struct kvs_model **out,
                                kvs_error *err);
 void kvs_llama_free(struct kvs_model *m);
+/* 1 if path looks like a llama2.c checkpoint: seven plausible int32 header fields (dim, hidden,
+ * layers, heads, kv_heads, vocab (negative: unshared classifier), seq_len) and a file size that
+ * matches them exactly. Used to turn "bad magic" into advice to convert. */
+int kvs_llama2c_sniff(const char *path);
 
 /* Dequantises row `row` of w into out (w->cols floats). */
 void kvs_weight_row(const kvs_weight *w, int row, float *out);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/kernels.h"
 
@@ -180,6 +181,53 @@ static kvs_status load_weights(struct kvs_model *m, kvs_error *err)
     return KVS_OK;
 }
 
+/* Tensor names the loader reads in each block. */
+static const char *const block_tensors[] = {
+    "attn_norm.weight", "attn_q.weight",   "attn_k.weight", "attn_v.weight",  "attn_output.weight",
+    "ffn_norm.weight",  "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
+};
+
+/* Every tensor of the llama naming scheme must be one the loader uses: a block beyond
+ * block_count or a tensor the loader does not know (a bias, say) would otherwise be ignored
+ * silently and the model would compute something other than what the file holds. */
+static kvs_status check_unused(const kvs_gguf *g, const kvs_hparams *hp, kvs_error *err)
+{
+    for (uint64_t i = 0; i < kvs_gguf_n_tensors(g); i++) {
+        const char *name = kvs_gguf_tensor_at(g, i)->name;
+        if (!strcmp(name, "token_embd.weight") || !strcmp(name, "output_norm.weight") ||
+            !strcmp(name, "output.weight"))
+            continue;
+        if (!strncmp(name, "blk.", 4)) {
+            const char *p = name + 4;
+            long long blk = 0;
+            int digits = 0;
+            while (*p >= '0' && *p <= '9' && digits < 10)
+                blk = blk * 10 + (*p++ - '0'), digits++;
+            if (digits && *p == '.' && blk >= hp->n_layers)
+                return kvs_fail(err, KVS_ERR_FORMAT,
+                                "tensor '%s' belongs to block %lld, but llama.block_count is %d "
+                                "(blocks 0..%d): the file stores more than its metadata says",
+                                name, blk, hp->n_layers, hp->n_layers - 1);
+            if (digits && *p == '.') {
+                size_t k = 0;
+                while (k < sizeof block_tensors / sizeof *block_tensors &&
+                       strcmp(p + 1, block_tensors[k]))
+                    k++;
+                if (k < sizeof block_tensors / sizeof *block_tensors)
+                    continue;
+            }
+        } else if (strncmp(name, "token_embd.", 11) && strncmp(name, "output", 6) &&
+                   strncmp(name, "rope_freqs.", 11)) {
+            continue; /* not a llama tensor name: not ours to judge */
+        }
+        return kvs_fail(err, KVS_ERR_FORMAT,
+                        "tensor '%s' is not one kvslim's llama loader uses (it reads "
+                        "token_embd.weight, output_norm.weight, output.weight and blk.N.{%s, "
+                        "...}); refusing to ignore it", name, block_tensors[0]);
+    }
+    return KVS_OK;
+}
+
 kvs_status kvs_llama_from_gguf(kvs_gguf *g, const char *path, struct kvs_model **out,
                                kvs_error *err)
 {
@@ -187,7 +235,7 @@ kvs_status kvs_llama_from_gguf(kvs_gguf *g, const char *path, struct kvs_model *
     struct kvs_model *m = calloc(1, sizeof *m);
     if (!m) {
         kvs_gguf_close(g);
-        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
+        return kvs_fail(err, KVS_ERR_NOMEM, "%s: out of memory", path);
     }
     m->gguf = g;
     m->path = strdup(path);
@@ -197,14 +245,18 @@ kvs_status kvs_llama_from_gguf(kvs_gguf *g, const char *path, struct kvs_model *
     if (st == KVS_OK)
         st = load_weights(m, err);
     if (st == KVS_OK)
+        st = check_unused(g, &m->hp, err);
+    if (st == KVS_OK)
         st = kvs_tokenizer_from_gguf(g, &m->tokenizer, err);
     if (st == KVS_OK && kvs_tokenizer_n_vocab(m->tokenizer) != m->hp.vocab)
         st = kvs_fail(err, KVS_ERR_FORMAT,
                       "tokenizer.ggml.tokens has %d entries but token_embd.weight has %d rows",
                       kvs_tokenizer_n_vocab(m->tokenizer), m->hp.vocab);
     if (st != KVS_OK) {
-        /* Prefix the message with the path so the user knows which file is at fault. */
-        if (err) {
+        /* Prefix the message with the path so the user knows which file is at fault (the
+         * GGUF getters' messages already start with it). */
+        size_t plen = strlen(path);
+        if (err && !(strncmp(err->msg, path, plen) == 0 && err->msg[plen] == ':')) {
             char tmp[sizeof err->msg];
             memcpy(tmp, err->msg, sizeof tmp);
             kvs_fail(err, st, "%s: %.400s", path, tmp);
@@ -233,4 +285,40 @@ void kvs_weight_row(const kvs_weight *w, int row, float *out)
     uint64_t row_bytes = 0;
     kvs_dtype_bytes(w->type, (uint64_t)w->cols, &row_bytes);
     kvs_dequantize_row(w->type, (const char *)w->data + (size_t)row * row_bytes, out, w->cols);
+}
+
+int kvs_llama2c_sniff(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return 0;
+    int32_t h[7];
+    struct stat sb;
+    int ok = fread(h, sizeof h, 1, f) == 1 && fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode);
+    fclose(f);
+    if (!ok)
+        return 0;
+    int64_t v[7];
+    for (int i = 0; i < 7; i++) {
+        v[i] = i == 5 && h[i] < 0 ? -(int64_t)h[i] : h[i];
+        if (v[i] <= 0 || v[i] > (1 << 24))
+            return 0;
+    }
+    const uint64_t dim = (uint64_t)v[0], hidden = (uint64_t)v[1], L = (uint64_t)v[2],
+                   heads = (uint64_t)v[3], kv_heads = (uint64_t)v[4], vocab = (uint64_t)v[5],
+                   seq = (uint64_t)v[6];
+    if (dim % heads || heads % kv_heads)
+        return 0;
+    const uint64_t head = dim / heads, kv_dim = kv_heads * head;
+    /* Floats in llama2.c's order: embeddings, per-layer tensors, final norm, the RoPE tables,
+     * then the classifier when unshared. Estimated in double first so that the exact sum below
+     * cannot overflow. */
+    const double per_layer = 2.0 * dim + 2.0 * dim * dim + 2.0 * dim * kv_dim + 3.0 * dim * hidden;
+    if ((double)vocab * dim * 2 + (double)L * per_layer + (double)seq * head > 0x1p60)
+        return 0;
+    uint64_t n = vocab * dim + L * (2 * dim + 2 * dim * dim + 2 * dim * kv_dim + 3 * dim * hidden) +
+                 dim + seq * head;
+    if (h[5] < 0)
+        n += vocab * dim;
+    return (uint64_t)sb.st_size == 28 + 4 * n;
 }

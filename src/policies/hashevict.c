@@ -351,12 +351,19 @@ static void stop(kvs_policy *p)
             if (n > 0)
                 fprintf(stderr, "%s timing, %s: %ld steps; per step: hash %.2f us, victim "
                         "search %.2f us, evict (store compaction + table) %.2f us\n",
-                        p->spec.text, phase[i], n, 1e6 * st->timing.hash_s[i] / n,
+                        p->spec.user, phase[i], n, 1e6 * st->timing.hash_s[i] / n,
                         1e6 * st->timing.victim_s[i] / n, 1e6 * st->timing.evict_s[i] / n);
         }
     }
     free_state(st);
     p->state = NULL;
+}
+
+/* sinks + recent + one evictable slot. */
+static int min_budget(const kvs_policy_spec *spec)
+{
+    double m = kvs_policy_spec_param(spec, "sinks") + kvs_policy_spec_param(spec, "recent") + 1;
+    return m > INT32_MAX ? INT32_MAX : (int)m;
 }
 
 static kvs_status start_common(kvs_policy *p, int l2, kvs_error *err)
@@ -369,7 +376,7 @@ static kvs_status start_common(kvs_policy *p, int l2, kvs_error *err)
     if ((int64_t)p->budget < (int64_t)sinks + recent + 1)
         return kvs_fail(err, KVS_ERR_ARG,
                         "--kv %s: budget of %d slots must exceed sinks + recent = %d + %d: no "
-                        "slot would be evictable", p->spec.text, p->budget, sinks, recent);
+                        "slot would be evictable", p->spec.user, p->budget, sinks, recent);
     he_state *st = calloc(1, sizeof *st);
     if (!st)
         return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
@@ -411,7 +418,7 @@ static kvs_status start_common(kvs_policy *p, int l2, kvs_error *err)
     if (!ok) {
         free_state(st);
         return kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory for %d slots per head",
-                        p->spec.text, p->budget);
+                        p->spec.user, p->budget);
     }
     const uint64_t seed = l2 ? 0 : (uint64_t)kvs_policy_param(p, "seed");
     for (int l = 0; l < L; l++) {
@@ -500,7 +507,7 @@ static kvs_status prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kv
             if (!st->l2) {
                 int *keep = malloc(sizeof(int) * (size_t)C);
                 if (!keep)
-                    return kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory", p->spec.text);
+                    return kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory", p->spec.user);
                 int k = 0;
                 for (int i = 0; i < st->sinks; i++)
                     keep[k++] = i;
@@ -511,7 +518,7 @@ static kvs_status prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kv
             } else {
                 float *score = scores_buf(st, (size_t)n);
                 if (!score)
-                    return kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory", p->spec.text);
+                    return kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory", p->spec.user);
                 for (int i = 0; i < n; i++) {
                     kvs_store_key_f32(p->store, layer, h, i, key);
                     score[i] = -l2_norm(key, hd); /* keep-top keeps the highest */
@@ -537,7 +544,7 @@ static kvs_status prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kv
         if (*filled + (n - first) > C)
             return kvs_fail(err, KVS_ERR_ARG, "--kv %s: a prompt batch of %d tokens overflows "
                             "the %d slots (prompt batches must follow kvs_kv_prompt_batch)",
-                            p->spec.text, c->n, C);
+                            p->spec.user, c->n, C);
         for (int i = first; i < n; i++) {
             kvs_store_key_f32(p->store, layer, h, i, key);
             put(st, layer, h, (*filled)++, spos[i], key);
@@ -646,7 +653,7 @@ static kvs_status before_append(kvs_policy *p, int layer, const float *q, const 
                     if (tp[s] >= st->sinks && (j < 0 || tp[s] < tp[j]))
                         j = s;
             if (j < 0)
-                return kvs_fail(err, KVS_ERR_ARG, "--kv %s: no evictable slot", p->spec.text);
+                return kvs_fail(err, KVS_ERR_ARG, "--kv %s: no evictable slot", p->spec.user);
         }
         st->victim[h] = j;
     }
@@ -662,7 +669,7 @@ static kvs_status before_append(kvs_policy *p, int layer, const float *q, const 
             const int at = store_index(p->store, layer, h, tp[j]);
             if (at < 0)
                 return kvs_fail(err, KVS_ERR_ARG, "--kv %s: layer %d head %d: position %d of "
-                                "slot %d is not in the store", p->spec.text, layer, h, tp[j], j);
+                                "slot %d is not in the store", p->spec.user, layer, h, tp[j], j);
             st->last_victim[hi] = tp[j];
             kvs_store_remove(p->store, layer, h, at);
         } else {
@@ -749,6 +756,7 @@ const kvs_policy_type kvs_policy_hashevict = {
     .n_params = (int)(sizeof he_params / sizeof he_params[0]),
     .words = he_words,
     .n_words = (int)(sizeof he_words / sizeof he_words[0]),
+    .min_budget = min_budget,
     .start = he_start,
     .stop = stop,
     .state_bytes = state_bytes,
@@ -766,6 +774,7 @@ const kvs_policy_type kvs_policy_l2evict = {
     .n_params = (int)(sizeof l2_params / sizeof l2_params[0]),
     .words = l2_words,
     .n_words = (int)(sizeof l2_words / sizeof l2_words[0]),
+    .min_budget = min_budget,
     .start = l2_start,
     .stop = stop,
     .state_bytes = state_bytes,

@@ -34,7 +34,7 @@ static kvs_status prefill_end(kvs_policy *p, int layer, kvs_error *err)
         float *score = malloc(sizeof(float) * ((size_t)n + hd));
         if (!score)
             return kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory for %d norms",
-                            p->spec.text, n);
+                            p->spec.user, n);
         float *key = score + n;
         for (int j = 0; j < n; j++) {
             kvs_store_key_f32(p->store, layer, h, j, key);

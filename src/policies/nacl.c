@@ -308,7 +308,7 @@ static kvs_status start(kvs_policy *p, kvs_error *err)
     s->cfg = cfg_of(p);
     s->n_layers = p->n_layers;
     s->n_kv = p->n_kv_heads;
-    if ((st = kvs_nacl_make_plan(&s->cfg, p->n_prompt, p->budget, p->spec.text, &s->plan, err)) !=
+    if ((st = kvs_nacl_make_plan(&s->cfg, p->n_prompt, p->budget, p->spec.user, &s->plan, err)) !=
         KVS_OK) {
         stop(p);
         return st;
@@ -365,7 +365,7 @@ static kvs_status prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kv
     const int np = s->plan.p;
     if (!s->F[layer] && !(s->F[layer] = calloc((size_t)s->n_kv * np, sizeof(float))))
         return kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory for proxy scores",
-                        p->spec.text);
+                        p->spec.user);
     return kvs_policy_add_group_mean(p, layer, c, s->F[layer], np, err);
 }
 
@@ -397,7 +397,7 @@ static kvs_status prefill_end(kvs_policy *p, int layer, kvs_error *err)
     uint8_t *prot = malloc((size_t)np);
     float *zero = s->F[layer] ? NULL : calloc((size_t)np, sizeof(float));
     if (!keep || !prot || (!s->F[layer] && !zero)) {
-        st = kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory", p->spec.text);
+        st = kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory", p->spec.user);
         goto out;
     }
     for (int h = 0; h < s->n_kv && st == KVS_OK; h++) {
@@ -405,7 +405,7 @@ static kvs_status prefill_end(kvs_policy *p, int layer, kvs_error *err)
         const int32_t *pos = kvs_store_pos(p->store, layer, h);
         if (n != np) {
             st = kvs_fail(err, KVS_ERR_ARG, "--kv %s: %d slots at the end of a prompt of %d "
-                          "tokens", p->spec.text, n, np);
+                          "tokens", p->spec.user, n, np);
             break;
         }
         for (int j = 0; j < n; j++)
@@ -414,13 +414,13 @@ static kvs_status prefill_end(kvs_policy *p, int layer, kvs_error *err)
         int k = kvs_nacl_select(F, pos, prot, n, pl->C_p, pl->C_r, inv_tau, s->cfg.seed, layer,
                                 h, 0, keep, NULL, NULL);
         if (k < 0) {
-            st = kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory", p->spec.text);
+            st = kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory", p->spec.user);
             break;
         }
         if (s->cfg.mask) {
             int **live = &s->live[layer * s->n_kv + h];
             if (!(*live = malloc(sizeof(int) * (size_t)s->live_cap))) {
-                st = kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory", p->spec.text);
+                st = kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory", p->spec.user);
                 break;
             }
             for (int i = 0; i < n; i++)
@@ -434,7 +434,7 @@ static kvs_status prefill_end(kvs_policy *p, int layer, kvs_error *err)
         s->evicted[layer] = 1;
         if (s->cfg.interval > 0 &&
             !(s->dscore[layer] = calloc((size_t)s->n_kv * s->dcap, sizeof(float))))
-            st = kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory", p->spec.text);
+            st = kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory", p->spec.user);
     }
 out:
     free(keep);
@@ -478,7 +478,7 @@ static kvs_status after_attention(kvs_policy *p, int layer, const float *probs, 
                                   : kvs_store_count(p->store, layer, h);
         if (n > s->dcap)
             return kvs_fail(err, KVS_ERR_ARG, "--kv %s: %d slots, more than budget + interval",
-                            p->spec.text, n);
+                            p->spec.user, n);
         float *ds = s->dscore[layer] + (size_t)h * s->dcap;
         for (int g = 0; g < group; g++) {
             const float *pr = probs + (size_t)(h * group + g) * stride;
@@ -495,7 +495,7 @@ static kvs_status after_attention(kvs_policy *p, int layer, const float *probs, 
     uint8_t *prot = malloc((size_t)s->dcap);
     kvs_status st = KVS_OK;
     if (!keep || !pos || !prot)
-        st = kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory", p->spec.text);
+        st = kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory", p->spec.user);
     for (int h = 0; h < s->n_kv && st == KVS_OK; h++) {
         const int *live = s->cfg.mask ? s->live[layer * s->n_kv + h] : NULL;
         const int n = live ? s->n_live[layer * s->n_kv + h] : kvs_store_count(p->store, layer, h);
@@ -509,7 +509,7 @@ static kvs_status after_attention(kvs_policy *p, int layer, const float *probs, 
             int k = kvs_nacl_select(ds, pos, prot, n, pl->dec_C_p, pl->dec_C_r, inv_tau,
                                     s->cfg.seed, layer, h, event, keep, NULL, NULL);
             if (k < 0) {
-                st = kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory", p->spec.text);
+                st = kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory", p->spec.user);
                 break;
             }
             apply_keep(p, layer, h, keep, k);

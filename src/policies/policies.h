@@ -29,7 +29,7 @@ static inline kvs_status kvs_policy_check_context(const kvs_policy *p, kvs_error
     if (!p->spec.budget_is_fraction && p->budget > ctx)
         return kvs_fail(err, KVS_ERR_ARG,
                         "--kv %s: budget of %d slots exceeds the context of %d tokens",
-                        p->spec.text, p->budget, ctx);
+                        p->spec.user, p->budget, ctx);
     return KVS_OK;
 }
 

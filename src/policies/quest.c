@@ -48,7 +48,7 @@ static kvs_status start(kvs_policy *p, kvs_error *err)
     int dense = (int)kvs_policy_param(p, "dense_layers");
     if (dense > p->n_layers)
         return kvs_fail(err, KVS_ERR_ARG,
-                        "--kv %s: dense_layers=%d exceeds the model's %d layers", p->spec.text,
+                        "--kv %s: dense_layers=%d exceeds the model's %d layers", p->spec.user,
                         dense, p->n_layers);
     quest_state *s = calloc(1, sizeof *s);
     if (!s || !(s->heads = calloc((size_t)p->n_layers * p->n_kv_heads, sizeof *s->heads))) {
@@ -129,7 +129,7 @@ static kvs_status prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kv
     for (int h = 0; h < p->n_kv_heads; h++)
         if (sync(p, layer, h) != 0)
             return kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory for page bounds",
-                            p->spec.text);
+                            p->spec.user);
     return KVS_OK;
 }
 

@@ -52,7 +52,7 @@ static kvs_status prefill_end(kvs_policy *p, int layer, kvs_error *err)
             continue;
         int *idx = malloc(sizeof(int) * (size_t)n);
         if (!idx)
-            return kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory", p->spec.text);
+            return kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory", p->spec.user);
         for (int i = 0; i < n; i++)
             idx[i] = i;
         stream s = {splitmix64(splitmix64(splitmix64(seed) ^ (uint64_t)layer) ^ (uint64_t)h), 0};

@@ -37,7 +37,7 @@ static kvs_status start(kvs_policy *p, kvs_error *err)
     if (kernel % 2 == 0)
         return kvs_fail(err, KVS_ERR_ARG,
                         "--kv %s: kernel=%d must be odd (the max-pool is centred on each slot)",
-                        p->spec.text, kernel);
+                        p->spec.user, kernel);
     snap_state *s = calloc(1, sizeof *s);
     if (!s || !(s->score = calloc((size_t)p->n_layers, sizeof *s->score))) {
         free(s);
@@ -85,7 +85,7 @@ static kvs_status prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kv
     if (!s->score[layer] &&
         !(s->score[layer] = calloc((size_t)p->n_kv_heads * n_prompt, sizeof(float))))
         return kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory for window scores",
-                        p->spec.text);
+                        p->spec.user);
     return kvs_policy_add_group_mean(p, layer, c, s->score[layer], n_prompt, err);
 }
 

@@ -5,13 +5,19 @@ static const kvs_param_def params[] = {
     {"sinks", 4, 0, 1 << 20, 1, "oldest tokens always kept (attention sinks)"},
 };
 
+/* The sinks plus one slot for the newest token. */
+static int min_budget(const kvs_policy_spec *spec)
+{
+    return (int)kvs_policy_spec_param(spec, "sinks") + 1;
+}
+
 static kvs_status start(kvs_policy *p, kvs_error *err)
 {
     int sinks = (int)kvs_policy_param(p, "sinks");
     if (p->budget <= sinks)
         return kvs_fail(err, KVS_ERR_ARG,
                         "--kv %s: budget of %d slots leaves no room for recent tokens beside %d "
-                        "sinks", p->spec.text, p->budget, sinks);
+                        "sinks", p->spec.user, p->budget, sinks);
     return KVS_OK;
 }
 
@@ -55,6 +61,7 @@ const kvs_policy_type kvs_policy_streaming = {
     .kind = KVS_KIND_EVICTING,
     .params = params,
     .n_params = 1,
+    .min_budget = min_budget,
     .start = start,
     .prefill_chunk = prefill_chunk,
     .before_append = before_append,

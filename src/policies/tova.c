@@ -27,7 +27,7 @@ static float *scratch(kvs_policy *p, size_t n, kvs_error *err)
     if (n > st->cap) {
         float *b = realloc(st->buf, sizeof(float) * n);
         if (!b) {
-            kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory for %zu scores", p->spec.text,
+            kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory for %zu scores", p->spec.user,
                      n);
             return NULL;
         }

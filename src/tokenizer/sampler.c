@@ -11,6 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/error.h"
+#include "core/number.h"
+
 struct kvs_sampler {
     int n;
     kvs_sampler_params p;
@@ -47,23 +50,54 @@ static uint64_t next_u64(kvs_sampler *s) /* xoshiro256** */
 /* uniform in [0, 1) */
 static double next_unit(kvs_sampler *s) { return (double)(next_u64(s) >> 11) * 0x1.0p-53; }
 
-kvs_sampler *kvs_sampler_new(int n_vocab, kvs_sampler_params params)
+kvs_sampler_params kvs_sampler_default_params(void)
 {
-    if (n_vocab <= 0) return NULL;
+    kvs_sampler_params p = {.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = 42};
+    return p;
+}
+
+kvs_status kvs_sampler_new(int n_vocab, const kvs_sampler_params *params, kvs_sampler **out,
+                           kvs_error *err)
+{
+    if (err) {
+        err->code = KVS_OK;
+        err->msg[0] = 0;
+    }
+    if (!out)
+        return kvs_fail(err, KVS_ERR_ARG, "kvs_sampler_new: out is NULL");
+    *out = NULL;
+    if (!params)
+        return kvs_fail(err, KVS_ERR_ARG, "kvs_sampler_new: params is NULL");
+    if (n_vocab <= 0)
+        return kvs_fail(err, KVS_ERR_ARG, "sampler: the vocabulary size must be >= 1, got %d",
+                        n_vocab);
+    char buf[32];
+    if (!(params->temperature >= 0.0f) || isinf(params->temperature))
+        return kvs_fail(err, KVS_ERR_ARG, "sampler: temperature %s must be a finite number >= 0",
+                        kvs_format_number(buf, sizeof buf, params->temperature));
+    if (params->top_k < 0)
+        return kvs_fail(err, KVS_ERR_ARG, "sampler: top_k %d must be >= 0 (0 = off)",
+                        params->top_k);
+    if (!(params->top_p >= 0.0f && params->top_p <= 1.0f))
+        return kvs_fail(err, KVS_ERR_ARG, "sampler: top_p %s must be in [0, 1] (1 = off)",
+                        kvs_format_number(buf, sizeof buf, params->top_p));
     kvs_sampler *s = calloc(1, sizeof *s);
-    if (!s) return NULL;
+    if (!s)
+        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for a sampler");
     s->n = n_vocab;
-    s->p = params;
-    uint64_t x = params.seed;
+    s->p = *params;
+    uint64_t x = params->seed;
     for (int i = 0; i < 4; i++) s->s[i] = splitmix64(&x); /* splitmix64 never yields 4 zeros */
     s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
     s->w = malloc((size_t)n_vocab * sizeof *s->w);
     s->key = malloc((size_t)n_vocab * sizeof *s->key);
     if (!s->cand || !s->w || !s->key) {
         kvs_sampler_free(s);
-        return NULL;
+        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for a sampler over %d tokens",
+                        n_vocab);
     }
-    return s;
+    *out = s;
+    return KVS_OK;
 }
 
 void kvs_sampler_free(kvs_sampler *s)

@@ -762,10 +762,11 @@ kvs_status kvs_tokenizer_encode(const kvs_tokenizer *t, const char *text, int ad
     if (ids) *ids = NULL;
     if (n_ids) *n_ids = 0;
     if (!t || !text || !ids || !n_ids)
-        return kvs_fail(err, KVS_ERR_ARG, "tokenizer_encode: NULL argument");
+        return kvs_fail(err, KVS_ERR_ARG, "tokenize: the tokenizer, text or output is NULL");
     size_t tlen = strlen(text);
     if (tlen > (size_t)(INT_MAX / 4))
-        return kvs_fail(err, KVS_ERR_ARG, "tokenizer_encode: text too long (%zu bytes)", tlen);
+        return kvs_fail(err, KVS_ERR_ARG, "the text to tokenize is too long: %zu bytes (at most "
+                        "%d)", tlen, INT_MAX / 4);
 
     kvs_status s = KVS_OK;
     strbuf buf = {0};
@@ -851,7 +852,7 @@ kvs_status kvs_tokenizer_encode(const kvs_tokenizer *t, const char *text, int ad
     goto done;
 
 nomem:
-    s = kvs_fail(err, KVS_ERR_NOMEM, "tokenizer_encode: out of memory");
+    s = kvs_fail(err, KVS_ERR_NOMEM, "out of memory tokenizing %zu bytes of text", tlen);
 done:
     free(buf.p);
     free(sym);

@@ -51,7 +51,7 @@ fi
 
 # A full-only run still works, and a policy's own budget is used without --budget.
 "$KVS_BIN" eval -m "$GGUF" --tokens "$TOKENS" --prompt-len 500 --kv full \
-  --kv streaming:budget=64 -t 2 >"$TMP/t2" 2>&1 \
+  --kv streaming:slots=64 -t 2 >"$TMP/t2" 2>&1 \
   && grep -q '^| streaming | 64 | 64 | 64.0 |' "$TMP/t2" && pass "own budget" \
   || fail "own budget: $(head -c 400 "$TMP/t2")"
 
@@ -83,7 +83,7 @@ expect_fail "prompt too long" "--prompt-len 511 is out of range" "${B[@]}" --pro
 expect_fail "prompt zero" "--prompt-len expects a whole number" "${B[@]}" --prompt-len 0 --kv full
 expect_fail "unknown policy" "unknown policy 'nope'" "${B[@]}" --prompt-len 384 --kv nope
 expect_fail "no budget" "needs budget=" "${B[@]}" --prompt-len 384 --kv streaming
-expect_fail "bad budget" "a fraction must be in (0, 1]" "${B[@]}" --prompt-len 384 --kv streaming --budget 1.5
+expect_fail "bad budget" "must be a decimal number in (0, 1]" "${B[@]}" --prompt-len 384 --kv streaming --budget 1.5
 expect_fail "empty budget item" "empty item" "${B[@]}" --prompt-len 384 --kv streaming --budget 0.1,,0.2
 expect_fail "bad kv-type" "unknown type 'q9'" "${B[@]}" --prompt-len 384 --kv full --kv-type q9
 expect_fail "missing tokens" "$TMP/nope.tokens" "$KVS_BIN" eval -m "$GGUF" --tokens "$TMP/nope.tokens" \
@@ -91,8 +91,10 @@ expect_fail "missing tokens" "$TMP/nope.tokens" "$KVS_BIN" eval -m "$GGUF" --tok
 printf '1\n403\n512\n7\n9\n' >"$TMP/oov.tokens"
 expect_fail "out-of-vocabulary id" "outside the vocabulary" "$KVS_BIN" eval -m "$GGUF" \
   --tokens "$TMP/oov.tokens" --prompt-len 2 --kv full --json "$TMP/bad.json"
+# (A fraction that small, --budget 0.01, is raised to the policy's minimum with a notice; an
+# explicit slot count is not.)
 expect_fail "policy fails at run time" "leaves no room" "${B[@]}" --prompt-len 384 \
-  --kv full,streaming --budget 0.01 --json "$TMP/bad.json" --csv "$TMP/bad.csv"
+  --kv full --kv streaming:slots=4 --json "$TMP/bad.json" --csv "$TMP/bad.csv"
 expect_fail "unwritable output" "not writable" "${B[@]}" --prompt-len 384 --kv full \
   --json "$TMP/no/such/dir/x.json"
 [ ! -e "$TMP/bad.json" ] && [ ! -e "$TMP/bad.csv" ] && ! ls "$TMP"/bad.* >/dev/null 2>&1 \
