@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "core/kernels.h"
 #include "engine/session_internal.h"
 #include "kv/kv.h"
 #include "kv/kv_store.h"
@@ -14,6 +15,139 @@
 
 static kvs_model *model;
 static kvs_model_info info;
+
+static unsigned rng = 2024;
+static float frand(void)
+{
+    rng = rng * 1664525u + 1013904223u;
+    return ((rng >> 8) / 16777216.0f) * 2.0f - 1.0f;
+}
+
+/* ---- the RoPE move and the store's shift against direct rotation ---- */
+
+/* max |a - b| / max |b| over n values. */
+static double rel_err(const float *a, const float *b, int n)
+{
+    double d = 0, m = 0;
+    for (int i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        m = fmax(m, fabs((double)b[i]));
+    }
+    return m > 0 ? d / m : d;
+}
+
+/* A vector rotated at p then moved to p' equals the vector rotated at p' directly: both
+ * pairings, partial rotary dims, positions near and far (the move undoes kvs_rope's own
+ * angles, so float rounding of large angles does not accumulate). */
+static void test_rope_move(void)
+{
+    enum { HEADS = 3, HD = 16 };
+    static const int moves[][2] = {{0, 0},     {5, 1},      {511, 255},   {512, 4},
+                                   {100, 90},  {3000, 300}, {70000, 12},  {1, 4095}};
+    static const struct { int rot_dim, neox; float base; } ropes[] = {
+        {16, 0, 10000.0f}, {16, 1, 10000.0f}, {8, 0, 500000.0f}, {8, 1, 10000.0f}};
+    double worst = 0;
+    for (size_t r = 0; r < sizeof ropes / sizeof ropes[0]; r++)
+        for (size_t m = 0; m < sizeof moves / sizeof moves[0]; m++) {
+            float x[HEADS * HD], direct[HEADS * HD];
+            for (int i = 0; i < HEADS * HD; i++)
+                x[i] = direct[i] = frand();
+            kvs_rope(x, HEADS, HD, ropes[r].rot_dim, moves[m][0], ropes[r].base, ropes[r].neox);
+            kvs_rope_move(x, HEADS, HD, ropes[r].rot_dim, moves[m][0], moves[m][1],
+                          ropes[r].base, ropes[r].neox);
+            kvs_rope(direct, HEADS, HD, ropes[r].rot_dim, moves[m][1], ropes[r].base,
+                     ropes[r].neox);
+            const double e = rel_err(x, direct, HEADS * HD);
+            worst = fmax(worst, e);
+            CHECKF(e < 1e-6, "rot_dim %d neox %d: %d -> %d: relative error %g",
+                   ropes[r].rot_dim, ropes[r].neox, moves[m][0], moves[m][1], e);
+            /* Dims past rot_dim are untouched (they carry no position). */
+            for (int h = 0; h < HEADS; h++)
+                for (int i = ropes[r].rot_dim; i < HD; i++)
+                    CHECK(x[h * HD + i] == direct[h * HD + i]);
+        }
+    printf("rope move: worst relative error %.3g\n", worst);
+}
+
+/* The store's shift: keys stored at p, shifted to p', against keys rotated at p' and stored
+ * (F32: 1e-5 relative; F16: both sides rounded to F16, so within two F16 steps, 2^-10
+ * relative); values and metadata unchanged; positions must increase. */
+static void test_store_shift(kvs_dtype type)
+{
+    enum { N = 24, HD = 8, NKV = 2 };
+    const kvs_rope_cfg rope = {HD, 10000.0f, 0};
+    kvs_store_config cfg = {1, NKV, HD, 64, type, 1};
+    kvs_store *s = kvs_store_new(&cfg), *ref = kvs_store_new(&cfg);
+    static float raw[N][NKV * HD], k[N][NKV * HD], kd[N][NKV * HD], v[N][NKV * HD];
+    int32_t pos[N], to[N];
+    for (int i = 0; i < N; i++) {
+        pos[i] = 3 * i + (i > 4 ? 600 : 0); /* sinks 0..12, then a window from 615 */
+        to[i] = i < 5 ? pos[i] : 40 + 2 * i;
+        for (int d = 0; d < NKV * HD; d++) {
+            raw[i][d] = 4.0f * frand();
+            v[i][d] = frand();
+        }
+        memcpy(k[i], raw[i], sizeof k[i]);
+        memcpy(kd[i], raw[i], sizeof kd[i]);
+        kvs_rope(k[i], NKV, HD, HD, pos[i], rope.base, rope.neox);
+        kvs_rope(kd[i], NKV, HD, HD, to[i], rope.base, rope.neox);
+    }
+    kvs_error err = {0};
+    CHECK(kvs_store_append(s, 0, N, &k[0][0], &v[0][0], pos, &err) == KVS_OK);
+    CHECK(kvs_store_append(ref, 0, N, &kd[0][0], &v[0][0], to, &err) == KVS_OK);
+    for (int i = 0; i < N; i++)
+        kvs_store_meta(s, 0, 1, 0)[i] = (float)i;
+    /* Not increasing: refused, nothing changed. */
+    int32_t bad[N];
+    memcpy(bad, to, sizeof bad);
+    bad[7] = bad[6];
+    CHECK(kvs_store_shift(s, 0, 1, bad, &rope, &err) == KVS_ERR_ARG &&
+          strstr(err.msg, "not after"));
+    CHECK(kvs_store_pos(s, 0, 1)[7] == pos[7]);
+    for (int h = 0; h < NKV; h++)
+        CHECKF(kvs_store_shift(s, 0, h, to, &rope, &err) == KVS_OK, "%s", err.msg);
+    double worst = 0;
+    for (int h = 0; h < NKV; h++)
+        for (int i = 0; i < N; i++) {
+            float a[HD], b[HD], va[HD], vb[HD];
+            kvs_store_key_f32(s, 0, h, i, a);
+            kvs_store_key_f32(ref, 0, h, i, b);
+            const double e = rel_err(a, b, HD);
+            worst = fmax(worst, e);
+            CHECKF(e < (type == KVS_F32 ? 1e-5 : 2.0 / 1024), "%s head %d slot %d: %d -> %d: "
+                   "relative error %g", kvs_dtype_name(type), h, i, pos[i], to[i], e);
+            kvs_store_value_f32(s, 0, h, i, va);
+            kvs_store_value_f32(ref, 0, h, i, vb);
+            CHECK(memcmp(va, vb, sizeof va) == 0);
+            CHECK(kvs_store_pos(s, 0, h)[i] == to[i]);
+        }
+    for (int i = 0; i < N; i++)
+        CHECK(kvs_store_meta(s, 0, 1, 0)[i] == (float)i);
+    printf("store shift %s: worst relative error %.3g\n", kvs_dtype_name(type), worst);
+    kvs_store_free(s);
+    kvs_store_free(ref);
+}
+
+/* F16: a pair (60000, 60000) is fine as stored, but rotated by 1 radian (position 1 of a single
+ * pair) one element would be about 82900, past the F16 range: refused with a message, the head
+ * unchanged. */
+static void test_store_shift_f16_range(void)
+{
+    enum { HD = 2 };
+    const kvs_rope_cfg rope = {HD, 10000.0f, 0};
+    kvs_store_config cfg = {1, 1, HD, 8, KVS_F16, 0};
+    kvs_store *s = kvs_store_new(&cfg);
+    /* At position 0 the rotation is the identity, so the stored key is the raw one. */
+    float k[HD] = {60000.0f, 60000.0f}, v[HD] = {1, 1};
+    int32_t p0 = 0, p1 = 1;
+    kvs_error err = {0};
+    CHECK(kvs_store_append(s, 0, 1, k, v, &p0, &err) == KVS_OK);
+    kvs_status st = kvs_store_shift(s, 0, 0, &p1, &rope, &err);
+    CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "F16") && strstr(err.msg, "layer 0"),
+           "status %d '%s'", st, err.msg);
+    CHECK(kvs_store_pos(s, 0, 0)[0] == 0);
+    kvs_store_free(s);
+}
 
 /* ---- sessions ---- */
 
@@ -394,6 +528,10 @@ int main(void)
         return 1;
     }
     kvs_model_get_info(model, &info);
+    test_rope_move();
+    test_store_shift(KVS_F32);
+    test_store_shift(KVS_F16);
+    test_store_shift_f16_range();
     test_streaming_3000(NULL);
     test_streaming_3000("f16");
     test_translation();
