@@ -105,14 +105,14 @@ static void evicting_names(char *buf, size_t size)
             len += (size_t)snprintf(buf + len, size - len, "%s%s", len ? ", " : "", t[i]->name);
 }
 
-/* The context rules: an evicting policy (bounded cache) may run past the context, with or
- * without position shifting; every other policy stops at it. The recall measurement keeps every
- * key, so it keeps the limit too. */
+/* The context rules: an evicting policy (its budget bounds the cache) may run past the
+ * context, with or without position shifting; every other policy stops at it. The recall
+ * measurement keeps every key, so it keeps the limit too. */
 static kvs_status setup_context(kvs_session *s, const kvs_policy_spec *spec, kvs_error *err)
 {
     const kvs_policy *pol = kvs_kv_policy(s->kv);
     const int evicting = pol->type->kind == KVS_KIND_EVICTING;
-    s->unbounded = evicting && !s->params.measure_recall;
+    s->unbounded = evicting && pol->spec.budget > 0 && !s->params.measure_recall;
     s->shift = s->params.context_shift || (spec && spec->shift);
     if (s->shift && !evicting) {
         char names[256];
