@@ -406,6 +406,7 @@ kvs_status kvs_kv_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, const floa
                         const float *k, const float *v, const int32_t *pos, float *out,
                         kvs_error *err)
 {
+    kv->policy.in_prompt = kv->prompt_left > 0;
     if (kv->prompt_left > 0) {
         if (n > kv->prompt_left)
             return kvs_fail(err, KVS_ERR_ARG, "batch of %d tokens runs past the prompt's end (%d "

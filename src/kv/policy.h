@@ -62,6 +62,8 @@ typedef struct kvs_policy {
     int n_layers, n_heads, n_kv_heads, head_dim;
     int n_prompt; /* tokens of the current prompt */
     int budget;   /* slots per (layer, KV head), resolved at prompt start; INT32_MAX if none */
+    int in_prompt; /* the current batch is part of the prompt (positions do not tell once they
+                    * are shifted) */
     void *state;  /* owned by the policy */
 } kvs_policy;
 

@@ -588,7 +588,7 @@ static kvs_status before_append(kvs_policy *p, int layer, const float *q, const 
     (void)v;
     he_state *st = p->state;
     const int nkv = st->nkv, group = st->group, hd = st->hd, nw = st->nw, C = st->cap;
-    const int phase = pos >= p->n_prompt ? 0 : 1;
+    const int phase = p->in_prompt ? 1 : 0;
     if (layer == 0)
         st->timing.steps[phase]++;
     memcpy(st->last_q + (size_t)layer * st->nq_heads * hd, q, sizeof(float) * st->nq_heads * hd);
