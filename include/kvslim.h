@@ -108,6 +108,11 @@ kvs_status kvs_session_eval(kvs_session *s, const int32_t *tokens, int n, float 
                             int all_logits, kvs_error *err);
 /* Tokens fed since creation or reset (0 for NULL). */
 int kvs_session_n_past(const kvs_session *s);
+/* Tokens kvs_session_eval still takes before the context is full: n_ctx - n_past, or (an
+ * evicting KV policy, whose cache stays bounded: past the context its positions are shifted
+ * back with context_shift, else they go past the trained window with a notice) INT32_MAX -
+ * n_past. */
+int kvs_session_ctx_left(const kvs_session *s);
 /* Bytes held by the KV cache now, and bytes a full F16 cache of the same tokens would hold. */
 size_t kvs_session_kv_bytes(const kvs_session *s);
 size_t kvs_session_kv_bytes_full_f16(const kvs_session *s);

@@ -74,6 +74,8 @@ int cmd_run(int argc, char **argv)
         } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) {
             if (!VALUE() || cli_int(cmd, a, v, 1, 1 << 24, &n_ctx))
                 return CLI_USAGE;
+        } else if (!strcmp(a, "--context-shift")) {
+            params.context_shift = 1; /* position shifting (evicting --kv policies) */
         } else if (!strcmp(a, "--chunk")) {
             if (!VALUE() || cli_int(cmd, a, v, 1, 1 << 20, &chunk))
                 return CLI_USAGE;
@@ -122,7 +124,7 @@ int cmd_run(int argc, char **argv)
         goto fail;
     t_prefill = cli_now() - t0;
 
-    int prev = prompt[n_prompt - 1], ctx_left = (n_ctx ? n_ctx : info.n_ctx) - n_prompt;
+    int prev = prompt[n_prompt - 1], ctx_left = kvs_session_ctx_left(s);
     t0 = cli_now();
     for (; n_gen < n_predict && n_gen < ctx_left; n_gen++) {
         int32_t tok = kvs_sampler_sample(sampler, logits);

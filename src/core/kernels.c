@@ -412,24 +412,32 @@ void kvs_swiglu(float *a, const float *b, int n)
     }
 }
 
+/* cos/sin of the RoPE angles of pairs [p0, p0 + np) at position pos, exactly as kvs_rope
+ * computes them (in float, as llama2.c does), so that kvs_rope_move reproduces them. */
+static void rope_cos_sin(int pos, int p0, int np, int rot_dim, float base, float *cs, float *sn)
+{
+    for (int p = 0; p < np; p++) {
+        const float freq = 1.0f / powf(base, (float)(2 * (p0 + p)) / (float)rot_dim);
+        const float val = (float)pos * freq;
+#if defined(_GNU_SOURCE) && defined(__GLIBC__)
+        sincosf(val, &sn[p], &cs[p]); /* same results as sinf/cosf in glibc, one call */
+#else
+        cs[p] = cosf(val);
+        sn[p] = sinf(val);
+#endif
+    }
+}
+
+enum { ROPE_CHUNK = 128 };
+
 void kvs_rope(float *vec, int n_heads, int head_dim, int rot_dim, int pos, float base, int neox)
 {
-    /* cos/sin per pair are shared by all heads; computed in float as llama2.c does. */
-    enum { CHUNK = 128 };
-    float cs[CHUNK], sn[CHUNK];
+    /* cos/sin per pair are shared by all heads. */
+    float cs[ROPE_CHUNK], sn[ROPE_CHUNK];
     const int n_pairs = rot_dim / 2;
-    for (int p0 = 0; p0 < n_pairs; p0 += CHUNK) {
-        const int np = n_pairs - p0 < CHUNK ? n_pairs - p0 : CHUNK;
-        for (int p = 0; p < np; p++) {
-            const float freq = 1.0f / powf(base, (float)(2 * (p0 + p)) / (float)rot_dim);
-            const float val = (float)pos * freq;
-#if defined(_GNU_SOURCE) && defined(__GLIBC__)
-            sincosf(val, &sn[p], &cs[p]); /* same results as sinf/cosf in glibc, one call */
-#else
-            cs[p] = cosf(val);
-            sn[p] = sinf(val);
-#endif
-        }
+    for (int p0 = 0; p0 < n_pairs; p0 += ROPE_CHUNK) {
+        const int np = n_pairs - p0 < ROPE_CHUNK ? n_pairs - p0 : ROPE_CHUNK;
+        rope_cos_sin(pos, p0, np, rot_dim, base, cs, sn);
         for (int h = 0; h < n_heads; h++) {
             float *v = vec + (size_t)h * head_dim;
             for (int p = 0; p < np; p++) {
@@ -438,6 +446,35 @@ void kvs_rope(float *vec, int n_heads, int head_dim, int rot_dim, int pos, float
                 const float a = v[i0], b = v[i1];
                 v[i0] = a * cs[p] - b * sn[p];
                 v[i1] = a * sn[p] + b * cs[p];
+            }
+        }
+    }
+}
+
+void kvs_rope_move(float *vec, int n_heads, int head_dim, int rot_dim, int from, int to,
+                   float base, int neox)
+{
+    if (from == to)
+        return;
+    /* Undo the rotation kvs_rope applied at `from` (its transpose, with the very cos/sin it
+     * used), then apply kvs_rope's rotation at `to`: the result equals kvs_rope at `to` of the
+     * unrotated vector to a few float roundings, whatever the positions' size (one rotation by
+     * (to - from) * theta would instead carry the float rounding of both angles). */
+    float cf[ROPE_CHUNK], sf[ROPE_CHUNK], ct[ROPE_CHUNK], st[ROPE_CHUNK];
+    const int n_pairs = rot_dim / 2;
+    for (int p0 = 0; p0 < n_pairs; p0 += ROPE_CHUNK) {
+        const int np = n_pairs - p0 < ROPE_CHUNK ? n_pairs - p0 : ROPE_CHUNK;
+        rope_cos_sin(from, p0, np, rot_dim, base, cf, sf);
+        rope_cos_sin(to, p0, np, rot_dim, base, ct, st);
+        for (int h = 0; h < n_heads; h++) {
+            float *v = vec + (size_t)h * head_dim;
+            for (int p = 0; p < np; p++) {
+                const int i0 = neox ? p0 + p : 2 * (p0 + p);
+                const int i1 = neox ? p0 + p + n_pairs : i0 + 1;
+                const float a = v[i0] * cf[p] + v[i1] * sf[p];
+                const float b = v[i1] * cf[p] - v[i0] * sf[p];
+                v[i0] = a * ct[p] - b * st[p];
+                v[i1] = a * st[p] + b * ct[p];
             }
         }
     }

@@ -44,6 +44,10 @@ void kvs_swiglu(float *a, const float *b, int n);
  * the first rot_dim dims of each head. Adjacent mode (neox = 0) rotates pairs (2i, 2i+1) with
  * theta = pos * base^(-2i/rot_dim); NeoX mode rotates (i, i + rot_dim/2) with the same theta. */
 void kvs_rope(float *vec, int n_heads, int head_dim, int rot_dim, int pos, float base, int neox);
+/* Position shifting: vectors kvs_rope rotated at position `from` become (to float rounding)
+ * what kvs_rope gives at position `to`. */
+void kvs_rope_move(float *vec, int n_heads, int head_dim, int rot_dim, int from, int to,
+                   float base, int neox);
 /* Dot product of two fp32 vectors. */
 float kvs_dot_f32(const float *a, const float *b, int n);
 /* y += a * x. */

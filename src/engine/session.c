@@ -2,6 +2,7 @@
  * Every entry point refuses a NULL handle or required pointer with KVS_ERR_ARG, and every
  * fallible one clears the caller's kvs_error first, so a success leaves (KVS_OK, ""). */
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +20,13 @@ struct kvs_session {
     kvs_pool *pool;
     kvs_kv *kv;
     kvs_forward_buf buf;
-    int n_past;
+    int n_past;        /* tokens seen */
+    /* An evicting policy without the recall measurement: the cache stays bounded, so tokens
+     * may go on past the context. */
+    int unbounded;
+    int shift;         /* position shifting on (context_shift or the policy's shift=on) */
+    int32_t shifted;   /* total shift: the next token's position is n_past - shifted */
+    int past_trained;  /* the notice about positions past the trained context was sent */
 };
 
 static void clear_error(kvs_error *err)
@@ -137,6 +144,41 @@ kvs_session_params kvs_session_default_params(void)
     return p;
 }
 
+/* Which evicting policies exist, for messages: "streaming, h2o, ...". */
+static void evicting_names(char *buf, size_t size)
+{
+    int n;
+    const kvs_policy_type *const *t = kvs_policy_types(&n);
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; i < n && len < size; i++)
+        if (t[i]->kind == KVS_KIND_EVICTING)
+            len += (size_t)snprintf(buf + len, size - len, "%s%s", len ? ", " : "", t[i]->name);
+}
+
+/* The context rules: an evicting policy (its budget bounds the cache) may run past the
+ * context, with or without position shifting; every other policy stops at it. The recall
+ * measurement keeps every key, so it keeps the limit too. */
+static kvs_status setup_context(kvs_session *s, const kvs_policy_spec *spec, kvs_error *err)
+{
+    const kvs_policy *pol = kvs_kv_policy(s->kv);
+    const int evicting = pol->type->kind == KVS_KIND_EVICTING;
+    s->unbounded = evicting && pol->spec.budget > 0 && !s->params.measure_recall;
+    s->shift = s->params.context_shift || (spec && spec->shift);
+    if (s->shift && !evicting) {
+        char names[256];
+        evicting_names(names, sizeof names);
+        return kvs_fail(err, KVS_ERR_ARG, "position shifting (--context-shift or shift=on) needs "
+                        "an evicting KV policy (%s); %s keeps a cache that grows with the "
+                        "tokens", names, pol->spec.text);
+    }
+    if (s->shift && s->params.measure_recall)
+        return kvs_fail(err, KVS_ERR_ARG, "position shifting cannot be combined with the "
+                        "attention recall measurement, which compares with every key at its "
+                        "original position");
+    return KVS_OK;
+}
+
 kvs_status kvs_session_new(const kvs_model *m, const kvs_session_params *p, kvs_session **out,
                            kvs_error *err)
 {
@@ -178,6 +220,8 @@ kvs_status kvs_session_new(const kvs_model *m, const kvs_session_params *p, kvs_
         st = kvs_policy_parse(p->kv_policy, &spec, err);
     if (st == KVS_OK)
         st = kvs_kv_new(&cfg, p->kv_policy ? &spec : NULL, &s->kv, err);
+    if (st == KVS_OK)
+        st = setup_context(s, p->kv_policy ? &spec : NULL, err);
     if (st == KVS_OK && !(s->pool = kvs_pool_create(p->n_threads)))
         st = kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
     if (st == KVS_OK)
@@ -210,6 +254,65 @@ void kvs_session_reset(kvs_session *s)
         return;
     kvs_kv_reset(s->kv);
     s->n_past = 0;
+    s->shifted = 0;
+    s->past_trained = 0;
+}
+
+int kvs_session_ctx_left(const kvs_session *s)
+{
+    return s->unbounded ? INT32_MAX - s->n_past : s->params.n_ctx - s->n_past;
+}
+
+/* Sends a notice through the session's log callback (if any). */
+static void notice(const kvs_session *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void notice(const kvs_session *s, const char *fmt, ...)
+{
+    if (!s->params.log)
+        return;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    s->params.log(s->params.log_ctx, msg);
+}
+
+/* Before a batch at position next of an unbounded session: with shifting, shifts when the
+ * batch would reach the context (or takes only what fits before it) and returns the batch
+ * that fits; without, sends the notice once when positions pass the trained context. */
+static kvs_status place_batch(kvs_session *s, int *batch, kvs_error *err)
+{
+    const int n_ctx = s->params.n_ctx, trained = s->model->hp.ctx;
+    int32_t next = s->n_past - s->shifted;
+    if (s->shift && next + *batch > n_ctx) {
+        if (next >= n_ctx) {
+            const kvs_hparams *hp = &s->model->hp;
+            const kvs_rope_cfg rope = {hp->rot_dim, hp->rope_base, hp->rope_neox};
+            int32_t delta = 0;
+            kvs_status st = kvs_kv_shift(s->kv, next, &rope, &delta, err);
+            if (st != KVS_OK)
+                return st;
+            s->shifted += delta;
+            next -= delta;
+            if (next >= n_ctx) /* the budget was checked at the prompt; defensive */
+                return kvs_fail(err, KVS_ERR_ARG, "--kv %s: position shifting found no room "
+                                "for a new token in the context of %d",
+                                kvs_kv_policy(s->kv)->spec.text, n_ctx);
+        }
+        if (*batch > n_ctx - next)
+            *batch = n_ctx - next;
+    }
+    if (!s->past_trained && next + *batch > trained) {
+        s->past_trained = 1;
+        const int32_t first = next > trained ? next : trained;
+        if (s->shift)
+            notice(s, "position %d is past the model's trained context of %d (the session's "
+                   "context is %d)", first, trained, n_ctx);
+        else
+            notice(s, "position %d is past the model's trained context of %d; enable position "
+                   "shifting (shift=on or --context-shift) to stay inside it", first, trained);
+    }
+    return KVS_OK;
 }
 
 /* A fractional budget below what the policy's protected tokens need is raised for this prompt
@@ -232,7 +335,10 @@ kvs_status kvs_session_eval(kvs_session *s, const int32_t *tokens, int n, float 
     const int vocab = s->model->hp.vocab;
     if (n <= 0)
         return kvs_fail(err, KVS_ERR_ARG, "no tokens to evaluate");
-    if (n > s->params.n_ctx - s->n_past)
+    if (s->unbounded && n > INT32_MAX - s->n_past)
+        return kvs_fail(err, KVS_ERR_ARG, "%d tokens after %d exceed the %d a session counts",
+                        n, s->n_past, INT32_MAX);
+    if (!s->unbounded && n > s->params.n_ctx - s->n_past)
         return s->n_past == 0
                    ? kvs_fail(err, KVS_ERR_ARG, "a prompt of %d tokens exceeds the context "
                               "length %d", n, s->params.n_ctx)
@@ -249,12 +355,23 @@ kvs_status kvs_session_eval(kvs_session *s, const int32_t *tokens, int n, float 
         kvs_status st = kvs_kv_begin_prompt(s->kv, n, err);
         if (st != KVS_OK)
             return st;
+        /* Shifting keeps every kept slot and the new token inside the context. */
+        const kvs_policy *pol = kvs_kv_policy(s->kv);
+        if (s->shift && pol->budget >= s->params.n_ctx)
+            return kvs_fail(err, KVS_ERR_ARG, "--kv %s: position shifting needs a budget below "
+                            "the context: %d slots leave no room for a new token in a context "
+                            "of %d", pol->spec.text, pol->budget, s->params.n_ctx);
     }
     for (int done = 0; done < n;) {
         int batch = !prompt ? 1 : n - done < s->buf.cap ? n - done : s->buf.cap;
         if (prompt) { /* the KV policy may take fewer at a time (e.g. one token per batch) */
             int lim = kvs_kv_prompt_batch(s->kv);
             batch = batch < lim ? batch : lim;
+        }
+        if (s->unbounded) {
+            kvs_status st = place_batch(s, &batch, err);
+            if (st != KVS_OK)
+                return st;
         }
         int last = done + batch == n;
         float *out = NULL;
@@ -263,7 +380,7 @@ kvs_status kvs_session_eval(kvs_session *s, const int32_t *tokens, int n, float 
         else if (logits && last)
             out = logits;
         kvs_status st = kvs_forward(s->model, s->pool, s->kv, &s->buf, tokens + done, batch,
-                                    s->n_past, out, all_logits, err);
+                                    s->n_past - s->shifted, out, all_logits, err);
         if (st != KVS_OK)
             return st;
         s->n_past += batch;

@@ -70,8 +70,17 @@ kvs_status kvs_kv_new(const kvs_kv_config *cfg, const kvs_policy_spec *spec, kvs
     kv->policy.n_kv_heads = cfg->n_kv_heads;
     kv->policy.head_dim = cfg->head_dim;
     kv->policy.budget = INT32_MAX;
-    kvs_store_config sc = {cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, cfg->max_slots,
-                           cfg->type, kv->policy.type->n_meta};
+    /* An evicting policy may run past the context (positions shifted or not): its store holds
+     * a budget of up to the context plus a batch of up to the context before it trims. */
+    const int evicting = kv->policy.type->kind == KVS_KIND_EVICTING;
+    if (cfg->max_slots <= 0 || cfg->max_slots > INT32_MAX / 2) {
+        kvs_kv_free(kv);
+        return kvs_fail(err, KVS_ERR_ARG, "context of %d tokens is out of range [1, %d]",
+                        cfg->max_slots, INT32_MAX / 2);
+    }
+    kvs_store_config sc = {cfg->n_layers, cfg->n_kv_heads, cfg->head_dim,
+                           evicting ? 2 * cfg->max_slots : cfg->max_slots, cfg->type,
+                           kv->policy.type->n_meta};
     kv->store = kvs_store_new(&sc);
     kv->policy.store = kv->store;
     kv->scratch = kvs_attn_scratch_new();
@@ -80,6 +89,7 @@ kvs_status kvs_kv_new(const kvs_kv_config *cfg, const kvs_policy_spec *spec, kvs
     int ok = kv->store && kv->scratch && kv->n_sel && kv->sel_ptrs;
     if (ok && cfg->shadow) {
         kvs_store_config shc = sc;
+        shc.max_slots = cfg->max_slots;
         shc.type = KVS_F32;
         shc.n_meta = 0;
         ok = (kv->shadow = kvs_store_new(&shc)) != NULL;
@@ -135,6 +145,19 @@ kvs_status kvs_kv_begin_prompt(kvs_kv *kv, int n_prompt, kvs_error *err)
     stop_policy(kv);
     kv->policy.n_prompt = n_prompt;
     kv->policy.budget = kvs_policy_budget_slots(&kv->policy.spec, n_prompt);
+    /* The policy's own check (kvs_policy_check_context) reads the store's limit, which is
+     * doubled for evicting policies; a budget above the context is refused here, also when a
+     * fraction of a prompt longer than the context gives it. */
+    if (kv->policy.type->kind == KVS_KIND_EVICTING && kv->policy.budget != INT32_MAX &&
+        kv->policy.budget > kv->cfg.max_slots)
+        return kv->policy.spec.budget_is_fraction
+                   ? kvs_fail(err, KVS_ERR_ARG, "--kv %s: budget of %d slots (of a prompt of %d "
+                              "tokens) exceeds the context of %d tokens; give a count of "
+                              "slots instead", kv->policy.spec.text, kv->policy.budget, n_prompt,
+                              kv->cfg.max_slots)
+                   : kvs_fail(err, KVS_ERR_ARG, "--kv %s: budget of %d slots exceeds the context "
+                              "of %d tokens", kv->policy.spec.text, kv->policy.budget,
+                              kv->cfg.max_slots);
     kvs_status st = kv->policy.type->start ? kv->policy.type->start(&kv->policy, err) : KVS_OK;
     if (st != KVS_OK)
         return st;
@@ -383,6 +406,7 @@ kvs_status kvs_kv_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, const floa
                         const float *k, const float *v, const int32_t *pos, float *out,
                         kvs_error *err)
 {
+    kv->policy.in_prompt = kv->prompt_left > 0;
     if (kv->prompt_left > 0) {
         if (n > kv->prompt_left)
             return kvs_fail(err, KVS_ERR_ARG, "batch of %d tokens runs past the prompt's end (%d "
@@ -418,6 +442,80 @@ void kvs_kv_end_batch(kvs_kv *kv, int n)
     kv->step_slots = kv->step_recall = 0;
     kv->step_layers = 0;
     update_peak(kv);
+}
+
+/* New positions of one head's slots (see kvs_kv_shift): a monotone map. */
+static void shifted_positions(const int32_t *pos, int n, int32_t keep, int32_t delta,
+                              int32_t *out)
+{
+    int32_t prev = keep - 1;
+    for (int i = 0; i < n; i++) {
+        if (pos[i] < keep) {
+            out[i] = pos[i];
+            continue;
+        }
+        int32_t p = pos[i] - delta;
+        out[i] = prev = p > prev ? p : prev + 1;
+    }
+}
+
+kvs_status kvs_kv_shift(kvs_kv *kv, int32_t next, const kvs_rope_cfg *rope, int32_t *delta,
+                        kvs_error *err)
+{
+    *delta = 0;
+    if (kv->shadow)
+        return kvs_fail(err, KVS_ERR_ARG, "position shifting cannot run with the attention "
+                        "recall measurement, which keeps every key at its first position");
+    const int L = kv->cfg.n_layers, nkv = kv->cfg.n_kv_heads;
+    double sinks = kvs_policy_param(&kv->policy, "sinks");
+    int32_t keep = sinks < 0 ? 0 : sinks > next ? next : (int32_t)sinks;
+    /* The next position must stay above every moved slot: keep + the non-prefix slots. */
+    int64_t need = keep, most = 0;
+    for (int l = 0; l < L; l++)
+        for (int h = 0; h < nkv; h++) {
+            const int n = kvs_store_count(kv->store, l, h);
+            const int32_t *pos = kvs_store_pos(kv->store, l, h);
+            int pre = 0;
+            while (pre < n && pos[pre] < keep)
+                pre++;
+            need = keep + (n - pre) > need ? keep + (n - pre) : need;
+            most = n > most ? n : most;
+        }
+    int64_t target = kv->cfg.max_slots / 2;
+    target = need > target ? need : target;
+    if (target >= next)
+        return KVS_OK;
+    const int32_t d = next - (int32_t)target;
+    int32_t *buf = malloc(sizeof(int32_t) * ((size_t)nkv * most + (size_t)most + 1));
+    const int32_t **old = malloc(sizeof *old * (size_t)nkv);
+    if (!buf || !old) {
+        free(buf);
+        free(old);
+        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for position shifting");
+    }
+    int32_t *new_pos = buf + (size_t)nkv * most;
+    kvs_status st = KVS_OK;
+    const kvs_shift_info sh = {keep, d, old};
+    for (int l = 0; l < L && st == KVS_OK; l++) {
+        for (int h = 0; h < nkv && st == KVS_OK; h++) {
+            const int n = kvs_store_count(kv->store, l, h);
+            int32_t *o = buf + (size_t)h * most;
+            if (n > 0)
+                memcpy(o, kvs_store_pos(kv->store, l, h), sizeof(int32_t) * (size_t)n);
+            old[h] = o;
+            shifted_positions(o, n, keep, d, new_pos);
+            st = kvs_store_shift(kv->store, l, h, new_pos, rope, err);
+        }
+        if (st == KVS_OK && kv->policy.type->shift) {
+            st = kv->policy.type->shift(&kv->policy, l, &sh, err);
+            observe(kv, l, "shift");
+        }
+    }
+    free(buf);
+    free(old);
+    if (st == KVS_OK)
+        *delta = d;
+    return st;
 }
 
 const kvs_store *kvs_kv_store(const kvs_kv *kv) { return kv->store; }

@@ -16,7 +16,9 @@ typedef struct kvs_kv kvs_kv;
 
 typedef struct kvs_kv_config {
     int n_layers, n_heads, n_kv_heads, head_dim;
-    int max_slots;   /* the context length */
+    int max_slots;   /* the context length (an evicting policy's store holds up to twice as
+                      * many slots: a budget of up to the context plus a prompt batch, which
+                      * is never longer than the context) */
     kvs_dtype type;  /* KVS_F32 or KVS_F16 */
     int shadow;      /* eval mode: keep every key to measure attention recall (not counted) */
 } kvs_kv_config;
@@ -42,6 +44,20 @@ kvs_status kvs_kv_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, const floa
 int kvs_kv_prompt_batch(const kvs_kv *kv);
 /* Every layer of a batch of n tokens is done. */
 void kvs_kv_end_batch(kvs_kv *kv, int n);
+
+/* Position shifting, between batches (evicting policies; see DESIGN.md). The next token
+ * would take position next. Slots below the policy's protected prefix (positions < its
+ * `sinks` parameter, 0 if it has none) keep their positions; every other slot of every layer
+ * and head moves down by one common delta, and where that would collide with the slot before
+ * it (or fall below the prefix: old heavy hitters) it takes the first free position after it,
+ * so the order is kept and positions stay unique. Keys are re-rotated from their old to their
+ * new positions with rope, and the policy's shift hook runs per layer. delta brings the next
+ * position to max(context / 2, keep + the most non-prefix slots of a head): half the window
+ * stays free for new tokens, as llama.cpp's context shift discards half. *delta gets the
+ * applied shift (0: nothing would be gained). On failure (an F16 key out of range) the cache is
+ * left partly shifted and must be reset. */
+kvs_status kvs_kv_shift(kvs_kv *kv, int32_t next, const kvs_rope_cfg *rope, int32_t *delta,
+                        kvs_error *err);
 
 const kvs_store *kvs_kv_store(const kvs_kv *kv);
 const kvs_policy *kvs_kv_policy(const kvs_kv *kv);

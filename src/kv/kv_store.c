@@ -292,6 +292,57 @@ void kvs_store_remove(kvs_store *s, int layer, int head, int slot)
     H->count--;
 }
 
+/* The largest magnitude an F16 element holds. */
+#define F16_MAX 65504.0f
+
+kvs_status kvs_store_shift(kvs_store *s, int layer, int head, const int32_t *new_pos,
+                           const kvs_rope_cfg *rope, kvs_error *err)
+{
+    store_head *H = head_at(s, layer, head);
+    const int hd = s->cfg.head_dim;
+    for (int i = 0; i < H->count; i++)
+        if (new_pos[i] < 0 || (i > 0 && new_pos[i] <= new_pos[i - 1]))
+            return kvs_fail(err, KVS_ERR_ARG, "KV shift, layer %d head %d: new position %d of "
+                            "slot %d is not after %d", layer, head, new_pos[i], i,
+                            i > 0 ? new_pos[i - 1] : -1);
+    float row[hd];
+    if (s->cfg.type == KVS_F16) {
+        /* Check every key before changing any: a rotation keeps each pair's norm but may move
+         * it onto one element, past the F16 range. */
+        for (int i = 0; i < H->count; i++) {
+            const int slot = H->start + i;
+            if (new_pos[i] == H->pos[slot])
+                continue;
+            row_to_f32(s, H->keys + (size_t)slot * s->row_bytes, row);
+            kvs_rope_move(row, 1, hd, rope->rot_dim, H->pos[slot], new_pos[i], rope->base,
+                          rope->neox);
+            for (int d = 0; d < hd; d++)
+                if (!(fabsf(row[d]) <= F16_MAX))
+                    return kvs_fail(err, KVS_ERR_ARG, "KV cache (f16): the key of position %d "
+                                    "(layer %d, KV head %d) leaves the F16 range when moved to "
+                                    "position %d (use --kv-type f32)", H->pos[slot], layer,
+                                    head, new_pos[i]);
+        }
+    }
+    for (int i = 0; i < H->count; i++) {
+        const int slot = H->start + i;
+        if (new_pos[i] == H->pos[slot])
+            continue;
+        char *key = H->keys + (size_t)slot * s->row_bytes;
+        if (s->cfg.type == KVS_F32) {
+            kvs_rope_move((float *)key, 1, hd, rope->rot_dim, H->pos[slot], new_pos[i],
+                          rope->base, rope->neox);
+        } else {
+            row_to_f32(s, key, row);
+            kvs_rope_move(row, 1, hd, rope->rot_dim, H->pos[slot], new_pos[i], rope->base,
+                          rope->neox);
+            kvs_quantize_row(KVS_F16, row, key, hd);
+        }
+        H->pos[slot] = new_pos[i];
+    }
+    return KVS_OK;
+}
+
 size_t kvs_store_slot_bytes(const kvs_store *s)
 {
     return 2 * s->row_bytes + sizeof(int32_t) + (size_t)s->cfg.n_meta * sizeof(float);

@@ -23,6 +23,13 @@ typedef struct kvs_store_config {
     int n_meta;     /* float metadata channels per slot, 0..KVS_STORE_MAX_META */
 } kvs_store_config;
 
+/* RoPE as the model applies it, for re-rotating stored keys (kvs_store_shift). */
+typedef struct kvs_rope_cfg {
+    int rot_dim; /* dims of each head that RoPE rotates */
+    float base;
+    int neox;
+} kvs_rope_cfg;
+
 kvs_store *kvs_store_new(const kvs_store_config *cfg);
 void kvs_store_free(kvs_store *s);
 /* Drops every slot and releases the memory. */
@@ -47,6 +54,13 @@ kvs_status kvs_store_append(kvs_store *s, int layer, int n, const float *k, cons
 void kvs_store_keep(kvs_store *s, int layer, int head, const int *slots, int n);
 /* Removes one slot of one head. */
 void kvs_store_remove(kvs_store *s, int layer, int head, int slot);
+
+/* Position shifting: moves the count slots of one head to new_pos (count positions, strictly
+ * increasing, >= 0) and re-rotates each key from its old position to its new one (F16 keys are
+ * dequantised, rotated and rounded back). Values and metadata stay. Fails, leaving the head
+ * unchanged, if new_pos is not increasing or a rotated F16 key leaves the F16 range. */
+kvs_status kvs_store_shift(kvs_store *s, int layer, int head, const int32_t *new_pos,
+                           const kvs_rope_cfg *rope, kvs_error *err);
 
 /* Bytes of one slot: key, value, position and metadata. */
 size_t kvs_store_slot_bytes(const kvs_store *s);

@@ -35,6 +35,15 @@ typedef struct kvs_param_words {
 
 struct kvs_policy_type;
 
+/* What a policy's shift hook learns of a position shift (kvs_kv_shift) of one layer. */
+typedef struct kvs_shift_info {
+    int32_t keep;  /* positions below keep (the policy's `sinks` parameter) did not move */
+    int32_t delta; /* the others moved down by delta, or to the first free position >= keep
+                    * where that would collide with the one before (a monotone map) */
+    const int32_t *const *old_pos; /* per KV head: its positions before the shift, in slot
+                                    * order; the store holds the new ones in the same order */
+} kvs_shift_info;
+
 /* A parsed "--kv NAME[:key=value,...]". */
 typedef struct kvs_policy_spec {
     const struct kvs_policy_type *type;
@@ -54,6 +63,8 @@ typedef struct kvs_policy {
     int n_layers, n_heads, n_kv_heads, head_dim;
     int n_prompt; /* tokens of the current prompt */
     int budget;   /* slots per (layer, KV head), resolved at prompt start; INT32_MAX if none */
+    int in_prompt; /* the current batch is part of the prompt (positions do not tell once they
+                    * are shifted) */
     void *state;  /* owned by the policy */
 } kvs_policy;
 
@@ -116,6 +127,11 @@ typedef struct kvs_policy_type {
      * slot (all slots of its KV head unless select chose some). */
     kvs_status (*after_attention)(kvs_policy *p, int layer, const float *probs, int stride,
                                   kvs_error *err);
+    /* Position shifting (evicting policies, between batches): the slots of every head of layer
+     * moved to new positions and their keys were re-rotated; slot order and metadata are
+     * unchanged. A policy that keeps positions or key-derived data of its own (hash codes)
+     * updates them here. Optional. */
+    kvs_status (*shift)(kvs_policy *p, int layer, const kvs_shift_info *sh, kvs_error *err);
 } kvs_policy_type;
 
 /* Registry. */

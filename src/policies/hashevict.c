@@ -595,7 +595,7 @@ static kvs_status before_append(kvs_policy *p, int layer, const float *q, const 
     (void)v;
     he_state *st = p->state;
     const int nkv = st->nkv, group = st->group, hd = st->hd, nw = st->nw, C = st->cap;
-    const int phase = pos >= p->n_prompt ? 0 : 1;
+    const int phase = p->in_prompt ? 1 : 0;
     if (layer == 0)
         st->timing.steps[phase]++;
     memcpy(st->last_q + (size_t)layer * st->nq_heads * hd, q, sizeof(float) * st->nq_heads * hd);
@@ -690,6 +690,58 @@ static kvs_status before_append(kvs_policy *p, int layer, const float *q, const 
     return KVS_OK;
 }
 
+/* Index of pos in the sorted positions old[0..n), or -1. */
+static int find_pos(const int32_t *old, int n, int32_t pos)
+{
+    int lo = 0, hi = n - 1;
+    while (lo <= hi) {
+        const int mid = lo + (hi - lo) / 2;
+        if (old[mid] == pos)
+            return mid;
+        if (old[mid] < pos)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return -1;
+}
+
+/* Position shifting moved the store's slots and re-rotated their keys: the table follows (each
+ * physical slot keeps its token, with the token's new position) and codes are taken again from
+ * the keys as now stored, since queries at the new positions are compared with them (l2evict's
+ * norms too, for F16 rounding: a rotation keeps the norm). */
+static kvs_status he_shift(kvs_policy *p, int layer, const kvs_shift_info *sh, kvs_error *err)
+{
+    he_state *st = p->state;
+    float *key = st->kbuf; /* one row of scratch */
+    for (int h = 0; h < st->nkv; h++) {
+        const int n = kvs_store_count(p->store, layer, h);
+        const int32_t *now = kvs_store_pos(p->store, layer, h);
+        int32_t *tp = table_pos(st, layer, h);
+        const int filled = st->n_filled[head_index(st, layer, h)];
+        for (int j = 0; j < filled; j++) {
+            const int i = find_pos(sh->old_pos[h], n, tp[j]);
+            if (i < 0)
+                return kvs_fail(err, KVS_ERR_ARG, "--kv %s: layer %d head %d: position %d of "
+                                "slot %d is not in the store", p->spec.text, layer, h, tp[j], j);
+            kvs_store_key_f32(p->store, layer, h, i, key);
+            put(st, layer, h, j, now[i], key);
+        }
+    }
+    /* The newest placed position (the newest token, in every head) and the last token's. */
+    const int n0 = kvs_store_count(p->store, layer, 0);
+    const int32_t *now0 = kvs_store_pos(p->store, layer, 0);
+    int32_t *marks[2] = {&st->placed[layer], &st->last_pos[layer]};
+    for (int m = 0; m < 2; m++) {
+        const int i = *marks[m] >= 0 ? find_pos(sh->old_pos[0], n0, *marks[m]) : -1;
+        if (i >= 0)
+            *marks[m] = now0[i];
+        else if (*marks[m] >= sh->keep)
+            *marks[m] = *marks[m] - sh->delta > sh->keep ? *marks[m] - sh->delta : sh->keep;
+    }
+    return KVS_OK;
+}
+
 static size_t state_bytes(const kvs_policy *p)
 {
     kvs_he_bytes b;
@@ -763,6 +815,7 @@ const kvs_policy_type kvs_policy_hashevict = {
     .prompt_batch = prompt_batch,
     .prefill_chunk = prefill_chunk,
     .before_append = before_append,
+    .shift = he_shift,
 };
 
 const kvs_policy_type kvs_policy_l2evict = {
@@ -781,4 +834,5 @@ const kvs_policy_type kvs_policy_l2evict = {
     .prompt_batch = prompt_batch,
     .prefill_chunk = prefill_chunk,
     .before_append = before_append,
+    .shift = he_shift,
 };

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Evicting policies run past the context (512 for stories260K): a prompt of ~2600 tokens and
+# decoding after it, with position shifting (--context-shift) and without; the full cache and
+# other non-evicting policies keep the context limit; shifting needs an evicting policy.
+source "$(dirname "$0")/lib.bash"
+model=$MODELS/gguf/stories260K-f32.gguf
+for i in $(seq 100); do
+  printf 'Once upon a time, there was a little girl named Lily. She liked to play outside. '
+done >"$TMP/long.txt"
+
+long_run() { # DESCRIPTION ARGS...: a 2602-token prompt and 64 generated tokens
+  local what=$1; shift
+  if "$KVS_BIN" run -m "$model" -f "$TMP/long.txt" -n 64 --temp 0 "$@" >"$TMP/out" 2>"$TMP/err" &&
+     grep -q 'prompt 2602 tokens, generated 64 tokens' "$TMP/err"; then
+    pass "$what: $(tail -n 1 "$TMP/err")"
+  else
+    fail "$what: $(head -c 400 "$TMP/err")"
+  fi
+}
+long_run "streaming, shifted" --kv streaming:budget=64 --context-shift
+long_run "streaming, unshifted" --kv streaming:budget=64
+long_run "h2o, shifted" --kv h2o:budget=128 --context-shift
+long_run "hashevict, shifted" --kv hashevict:budget=64 --context-shift
+# The text after the prompt is text: words, not a soup of byte tokens.
+"$KVS_BIN" run -m "$model" -f "$TMP/long.txt" -n 200 --temp 0 --kv streaming:budget=64 \
+  --context-shift >"$TMP/out" 2>/dev/null || true
+tail -c 600 "$TMP/out" | grep -Eq '(\b[A-Za-z]+\b[ ,.]+){20}' && pass "shifted text reads as words" \
+  || fail "shifted text: $(tail -c 300 "$TMP/out")"
+
+expect_fail "full cache, long prompt" "exceeds the context" \
+  "$KVS_BIN" run -m "$model" -f "$TMP/long.txt" -n 4
+expect_fail "snapkv, long prompt" "exceeds the context" \
+  "$KVS_BIN" run -m "$model" -f "$TMP/long.txt" -n 4 --kv snapkv:budget=64
+expect_fail "shifting with the full cache" "needs an evicting KV policy" \
+  "$KVS_BIN" run -m "$model" -p "Once upon a time" -n 4 --context-shift
+expect_fail "shifting with a budget of the whole context" "budget below the context" \
+  "$KVS_BIN" run -m "$model" -p "Once upon a time" -n 4 --kv streaming:budget=512 --context-shift
+finish
