@@ -236,9 +236,9 @@ static void test_streaming_3000(const char *kv_type)
     enum { SLOTS = 64, STEPS = 3000 };
     kvs_error err = {0};
     notices na = {0}, nb = {0};
-    kvs_session *a = open_session("streaming:budget=64", 1, kv_type, &na, &err);
+    kvs_session *a = open_session("streaming:slots=64", 1, kv_type, &na, &err);
     CHECKF(a, "%s", err.msg);
-    kvs_session *b = open_session("streaming:budget=64", 0, kv_type, &nb, &err);
+    kvs_session *b = open_session("streaming:slots=64", 0, kv_type, &nb, &err);
     CHECKF(b, "%s", err.msg);
     if (!a || !b) {
         kvs_session_free(a);
@@ -306,9 +306,9 @@ static void test_translation(void)
 {
     enum { STEPS = 1600 };
     kvs_error err = {0};
-    kvs_session *a = open_session("streaming:budget=48,sinks=0", 1, NULL, NULL, &err);
+    kvs_session *a = open_session("streaming:slots=48,sinks=0", 1, NULL, NULL, &err);
     CHECKF(a, "%s", err.msg);
-    kvs_session *b = open_session("streaming:budget=48,sinks=0", 0, NULL, NULL, &err);
+    kvs_session *b = open_session("streaming:slots=48,sinks=0", 0, NULL, NULL, &err);
     CHECKF(b, "%s", err.msg);
     if (!a || !b) {
         kvs_session_free(a);
@@ -426,8 +426,8 @@ static void test_long_prompt(void)
     int32_t *ids = long_prompt(N);
     const int V = info.n_vocab;
     float *lg = malloc(sizeof(float) * V);
-    static const char *const specs[] = {"streaming:budget=64", "h2o:budget=64", "tova:budget=64",
-                                        "hashevict:budget=64", "l2evict:budget=64,prefill=norm"};
+    static const char *const specs[] = {"streaming:slots=64", "h2o:slots=64", "tova:slots=64",
+                                        "hashevict:slots=64", "l2evict:slots=64,prefill=norm"};
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
         for (int shift = 0; shift < 2; shift++) {
             kvs_error err = {0};
@@ -457,7 +457,7 @@ static void test_long_prompt(void)
             kvs_session_free(s);
         }
     /* Non-evicting policies keep the context limit. */
-    static const char *const strict[] = {NULL, "snapkv:budget=64", "quest:budget=64"};
+    static const char *const strict[] = {NULL, "snapkv:slots=64", "quest:slots=64"};
     for (size_t i = 0; i < sizeof strict / sizeof strict[0]; i++) {
         kvs_error err = {0};
         kvs_session *s = open_session(strict[i], 0, NULL, NULL, &err);
@@ -486,7 +486,7 @@ static void test_limits(void)
     CHECKF(!s && strstr(err.msg, "evicting"), "snapkv + shift: '%s'", err.msg);
     kvs_session_free(s);
 
-    s = open_session("streaming:budget=512", 1, NULL, NULL, &err);
+    s = open_session("streaming:slots=512", 1, NULL, NULL, &err);
     CHECKF(s, "%s", err.msg);
     int n_prompt = 0;
     const int32_t *prompt = prompt_tokens(&n_prompt);
@@ -535,13 +535,13 @@ int main(void)
     test_streaming_3000(NULL);
     test_streaming_3000("f16");
     test_translation();
-    test_policies_shift("h2o:budget=64", NULL, 1500);
-    test_policies_shift("h2o:budget=300", NULL, 1500);
-    test_policies_shift("tova:budget=64", NULL, 1200);
-    test_policies_shift("hashevict:budget=64", NULL, 1200);
-    test_policies_shift("hashevict:budget=64", "f16", 1200);
-    test_policies_shift("l2evict:budget=64", NULL, 1200);
-    test_policies_shift("streaming:budget=400", "f16", 1200);
+    test_policies_shift("h2o:slots=64", NULL, 1500);
+    test_policies_shift("h2o:slots=300", NULL, 1500);
+    test_policies_shift("tova:slots=64", NULL, 1200);
+    test_policies_shift("hashevict:slots=64", NULL, 1200);
+    test_policies_shift("hashevict:slots=64", "f16", 1200);
+    test_policies_shift("l2evict:slots=64", NULL, 1200);
+    test_policies_shift("streaming:slots=400", "f16", 1200);
     test_long_prompt();
     test_limits();
     int n;

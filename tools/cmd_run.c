@@ -111,8 +111,9 @@ int cmd_run(int argc, char **argv)
     if (kvs_tokenize(m, text, 1, &prompt, &n_prompt, &err) != KVS_OK ||
         kvs_session_new(m, &params, &s, &err) != KVS_OK)
         goto fail;
-    if (!(logits = malloc(sizeof(float) * (size_t)info.n_vocab)) ||
-        !(sampler = kvs_sampler_new(info.n_vocab, sp))) {
+    if (kvs_sampler_new(info.n_vocab, &sp, &sampler, &err) != KVS_OK)
+        goto fail;
+    if (!(logits = malloc(sizeof(float) * (size_t)info.n_vocab))) {
         snprintf(err.msg, sizeof err.msg, "out of memory");
         goto fail;
     }

@@ -263,20 +263,6 @@ int kvs_session_ctx_left(const kvs_session *s)
     return s->unbounded ? INT32_MAX - s->n_past : s->params.n_ctx - s->n_past;
 }
 
-/* Sends a notice through the session's log callback (if any). */
-static void notice(const kvs_session *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void notice(const kvs_session *s, const char *fmt, ...)
-{
-    if (!s->params.log)
-        return;
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    s->params.log(s->params.log_ctx, msg);
-}
-
 /* Before a batch at position next of an unbounded session: with shifting, shifts when the
  * batch would reach the context (or takes only what fits before it) and returns the batch
  * that fits; without, sends the notice once when positions pass the trained context. */
@@ -306,10 +292,10 @@ static kvs_status place_batch(kvs_session *s, int *batch, kvs_error *err)
         s->past_trained = 1;
         const int32_t first = next > trained ? next : trained;
         if (s->shift)
-            notice(s, "position %d is past the model's trained context of %d (the session's "
+            notice(&s->params, "position %d is past the model's trained context of %d (the session's "
                    "context is %d)", first, trained, n_ctx);
         else
-            notice(s, "position %d is past the model's trained context of %d; enable position "
+            notice(&s->params, "position %d is past the model's trained context of %d; enable position "
                    "shifting (shift=on or --context-shift) to stay inside it", first, trained);
     }
     return KVS_OK;

@@ -17,12 +17,13 @@ long_run() { # DESCRIPTION ARGS...: a 2602-token prompt and 64 generated tokens
     fail "$what: $(head -c 400 "$TMP/err")"
   fi
 }
-long_run "streaming, shifted" --kv streaming:budget=64 --context-shift
-long_run "streaming, unshifted" --kv streaming:budget=64
-long_run "h2o, shifted" --kv h2o:budget=128 --context-shift
-long_run "hashevict, shifted" --kv hashevict:budget=64 --context-shift
+long_run "streaming, shifted" --kv streaming:slots=64 --context-shift
+long_run "streaming, unshifted" --kv streaming:slots=64
+long_run "streaming, shift=on in the spec" --kv streaming:slots=64,shift=on
+long_run "h2o, shifted" --kv h2o:slots=128 --context-shift
+long_run "hashevict, shifted" --kv hashevict:slots=64 --context-shift
 # The text after the prompt is text: words, not a soup of byte tokens.
-"$KVS_BIN" run -m "$model" -f "$TMP/long.txt" -n 200 --temp 0 --kv streaming:budget=64 \
+"$KVS_BIN" run -m "$model" -f "$TMP/long.txt" -n 200 --temp 0 --kv streaming:slots=64 \
   --context-shift >"$TMP/out" 2>/dev/null || true
 tail -c 600 "$TMP/out" | grep -Eq '(\b[A-Za-z]+\b[ ,.]+){20}' && pass "shifted text reads as words" \
   || fail "shifted text: $(tail -c 300 "$TMP/out")"
@@ -30,9 +31,9 @@ tail -c 600 "$TMP/out" | grep -Eq '(\b[A-Za-z]+\b[ ,.]+){20}' && pass "shifted t
 expect_fail "full cache, long prompt" "exceeds the context" \
   "$KVS_BIN" run -m "$model" -f "$TMP/long.txt" -n 4
 expect_fail "snapkv, long prompt" "exceeds the context" \
-  "$KVS_BIN" run -m "$model" -f "$TMP/long.txt" -n 4 --kv snapkv:budget=64
+  "$KVS_BIN" run -m "$model" -f "$TMP/long.txt" -n 4 --kv snapkv:slots=64
 expect_fail "shifting with the full cache" "needs an evicting KV policy" \
   "$KVS_BIN" run -m "$model" -p "Once upon a time" -n 4 --context-shift
 expect_fail "shifting with a budget of the whole context" "budget below the context" \
-  "$KVS_BIN" run -m "$model" -p "Once upon a time" -n 4 --kv streaming:budget=512 --context-shift
+  "$KVS_BIN" run -m "$model" -p "Once upon a time" -n 4 --kv streaming:slots=512 --context-shift
 finish
