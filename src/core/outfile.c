@@ -236,8 +236,9 @@ static kvs_status examine(const kvs_outfile_spec *s, target *t, kvs_error *err)
         }
         t->kind = KVS_OUTFILE_REPLACE;
         t->mode = st.st_mode & 0777;
-    } else if (errno == ENOENT) {
-        /* Absent, or a symlink to an absent file: created at the end of the chain. */
+    } else if (errno == ENOENT || errno == ENOTDIR) {
+        /* Absent, or a symlink to an absent file: created at the end of the chain (the parent
+         * check below names a missing directory or a file in the way). */
         t->kind = KVS_OUTFILE_NEW;
     } else {
         snprintf(why, sizeof why, "not writable: %s", strerror(errno));
