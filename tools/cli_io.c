@@ -179,49 +179,49 @@ static void too_big(const char *cmd, const char *path, const char *size)
                                                              (double)CLI_TEXT_MAX));
 }
 
+/* Prints why a file of this type and size is not read, and returns -1; 0 if it may be read. */
+static int refuse_input(const char *cmd, const char *path, const struct stat *st)
+{
+    const char *why = input_type_problem(st->st_mode);
+    if (why) {
+        cli_error(cmd, "%s: %s", path, why);
+        return -1;
+    }
+    if (S_ISREG(st->st_mode) && (uint64_t)st->st_size > CLI_TEXT_MAX) {
+        char size[48];
+        snprintf(size, sizeof size, "%llu bytes is", (unsigned long long)st->st_size);
+        too_big(cmd, path, size);
+        return -1;
+    }
+    return 0;
+}
+
 /* Checks what path is before opening it (opening a device can have effects of its own), and
- * again on the open descriptor. Returns the descriptor, or -1 after printing the error. */
+ * again on the open descriptor (the path may have changed in between). Returns the
+ * descriptor, or -1 after printing the error. */
 static int open_text(const char *cmd, const char *path)
 {
     struct stat st;
-    const char *why;
     if (!strcmp(path, "-"))
         return STDIN_FILENO; /* whatever it is: a terminal, a pipe, a file */
     if (stat(path, &st) != 0) {
         cli_error(cmd, "%s: %s", path, strerror(errno));
         return -1;
     }
-    for (int pass = 0; pass < 2; pass++) {
-        if ((why = input_type_problem(st.st_mode))) {
-            cli_error(cmd, "%s: %s", path, why);
-            return -1;
-        }
-        if (S_ISREG(st.st_mode) && (uint64_t)st.st_size > CLI_TEXT_MAX) {
-            char size[32];
-            snprintf(size, sizeof size, "%llu bytes is", (unsigned long long)st.st_size);
-            too_big(cmd, path, size);
-            return -1;
-        }
-        if (pass == 1)
-            break;
-        int fd = open(path, O_RDONLY | O_NOCTTY | O_CLOEXEC);
-        if (fd < 0) {
-            cli_error(cmd, "%s: %s", path, strerror(errno));
-            return -1;
-        }
-        if (fstat(fd, &st) != 0) {
-            cli_error(cmd, "%s: %s", path, strerror(errno));
+    if (refuse_input(cmd, path, &st) != 0)
+        return -1;
+    int fd = open(path, O_RDONLY | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        cli_error(cmd, "%s: %s", path, strerror(errno));
+        if (fd >= 0)
             close(fd);
-            return -1;
-        }
-        if (input_type_problem(st.st_mode) ||
-            (S_ISREG(st.st_mode) && (uint64_t)st.st_size > CLI_TEXT_MAX)) {
-            close(fd);
-            continue; /* report it on the second pass */
-        }
-        return fd;
+        return -1;
     }
-    return -1;
+    if (refuse_input(cmd, path, &st) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
 }
 
 char *cli_read_file(const char *cmd, const char *path, size_t *len)
