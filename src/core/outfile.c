@@ -355,6 +355,11 @@ kvs_status kvs_outfile_open(const kvs_outfile_spec *spec, kvs_outfile **out, kvs
     int fd = -1;
     if (t.kind == KVS_OUTFILE_THROUGH) {
         if (t.fd >= 0) {
+            /* What the program already printed there comes first. */
+            if (t.fd == STDOUT_FILENO)
+                fflush(stdout);
+            else if (t.fd == STDERR_FILENO)
+                fflush(stderr);
             fd = fcntl(t.fd, F_DUPFD_CLOEXEC, 0);
             if (fd < 0) {
                 snprintf(why, sizeof why, "cannot write: %s", strerror(errno));
