@@ -51,7 +51,7 @@ typedef enum kvs_outfile_kind {
 } kvs_outfile_kind;
 
 /* Whether spec->path can be written, without creating anything: run it before the work. kind
- * (may be NULL) says how it would be written. KVS_ERR_ARG names the problem in err. */
+ * (may be NULL) says how it would be written. KVS_ERR_IO, with the problem in err. */
 kvs_status kvs_outfile_check(const kvs_outfile_spec *spec, kvs_outfile_kind *kind,
                              kvs_error *err);
 
