@@ -509,14 +509,14 @@ static void test_writer_failures(void)
     check_tmp_path(dir, sizeof dir, "");
     snprintf(path, sizeof path, "%sno_such_dir_%d/x.gguf", dir, (int)getpid());
     CHECK(kvs_gguf_write(w, path, &err) == KVS_ERR_IO && strstr(err.msg, path) &&
-          strstr(err.msg, "temporary file"));
+          strstr(err.msg, "does not exist"));
     CHECK(access(path, F_OK) != 0);
-    /* rename onto an existing directory fails after the temp file was written */
+    /* an existing directory is refused before any temporary file is written */
     snprintf(name, sizeof name, "gguf_isdir_%d", (int)getpid());
     snprintf(path, sizeof path, "%s%s", dir, name);
     CHECK(mkdir(path, 0755) == 0);
     CHECK(kvs_gguf_write(w, path, &err) == KVS_ERR_IO && strstr(err.msg, path) &&
-          strstr(err.msg, "rename"));
+          strstr(err.msg, "is a directory"));
     CHECK(!has_tmp_leftover(dir[0] ? dir : ".", name));
     rmdir(path);
     /* an alignment key of the wrong type is refused at write time */

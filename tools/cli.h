@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/outfile.h"
 #include "kvslim.h"
 
 /* Exit codes: 0 success, 1 runtime failure (bad file, I/O), 2 bad usage. */
@@ -30,12 +31,35 @@ int cli_float(const char *cmd, const char *flag, const char *s, double min, doub
 /* Unknown flag or stray argument: prints the error and a hint to --help. Returns CLI_USAGE. */
 int cli_bad_arg(const char *cmd, const char *arg);
 
-/* Reads a whole file (NUL-terminated); prints an error naming the path on failure. */
+/* ---- Files read and written for the user (cli_io.c) ----
+ * Inputs: a regular file or a pipe/FIFO ("-" is standard input), at most CLI_TEXT_MAX bytes
+ * (checked before reading a regular file, and while reading a pipe), with no NUL byte;
+ * devices and directories are refused. Outputs follow core/outfile.h: checked with
+ * cli_check_output right after the flags are parsed, before any work; written through
+ * FIFOs/devices/"-", atomically into regular files and symlink targets, never onto an input;
+ * temporary files are removed if SIGINT, SIGTERM or SIGHUP arrives during the write. Every
+ * function prints its error ("kvslim CMD: ...") and returns NULL / -1. */
+#define CLI_TEXT_MAX ((size_t)64 << 20)
+/* Reads a whole text file (NUL-terminated); errors name the path (and line, for a NUL). */
 char *cli_read_file(const char *cmd, const char *path, size_t *len);
 /* Reads one token id per line (blank lines ignored); errors name the path and line. */
 int cli_read_tokens(const char *cmd, const char *path, int32_t **ids, int *n);
-/* Writes data to path via a temporary file and rename(). */
+/* An output named by flag (for messages), never to overwrite the files in inputs (which must
+ * outlive the spec), with "-" as standard output and temporary files tracked for signals. */
+kvs_outfile_spec cli_output(const char *flag, const char *path, const kvs_outfile_input *inputs,
+                            int n_inputs);
+/* Whether out can be written (kind, if non-NULL, says how); -1 after printing why. */
+int cli_check_output(const char *cmd, const kvs_outfile_spec *out, kvs_outfile_kind *kind);
+/* Writes data to out. */
+int cli_write_output(const char *cmd, const kvs_outfile_spec *out, const void *data, size_t len);
+/* Writes data to path (no flag, no inputs): cli_write_output(cli_output(NULL, path, NULL, 0)). */
 int cli_write_file(const char *cmd, const char *path, const void *data, size_t len);
+/* Copies the file src_path to out (e.g. a model file to a FIFO). */
+int cli_copy_to_output(const char *cmd, const kvs_outfile_spec *out, const char *src_path);
+/* kvs_outfile_spec.on_temp for the CLI: records tmp_path for removal on a signal (installing
+ * the handlers on first use) or forgets it. Also for temporary files the CLI makes itself. */
+void cli_temp_track(void *ctx, const char *tmp_path, int exists);
+/* ---- end of file I/O ---- */
 
 /* Handles --kv SPEC, --kv-type TYPE and --kv help (prints the policies). Returns 1 if argv[*i]
  * was one of them (advancing *i), 0 if not, -1 on error (message printed), 2 after help. */

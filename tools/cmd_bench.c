@@ -156,6 +156,15 @@ int cmd_bench(int argc, char **argv)
         cli_error(cmd, "--save only applies to --synthetic");
         return CLI_USAGE;
     }
+    const kvs_outfile_input inputs[] = {{"-m", model_path}};
+    kvs_outfile_spec json_out = cli_output("--json", json, inputs, 1),
+                     save_out = cli_output("--save", save, NULL, 0);
+    kvs_outfile_kind save_kind = KVS_OUTFILE_NEW;
+    if ((json && cli_check_output(cmd, &json_out, NULL) != 0) ||
+        (save && cli_check_output(cmd, &save_out, &save_kind) != 0))
+        return CLI_FAIL;
+    /* A FIFO or device cannot be loaded back: the model goes to a private file, then to it. */
+    const int save_through = save && save_kind == KVS_OUTFILE_THROUGH;
 
     kvs_error err = {0};
     char tmp_path[4096] = "";
@@ -166,17 +175,26 @@ int cmd_bench(int argc, char **argv)
             return CLI_USAGE;
         if (sh.hp.ctx == 0)
             sh.hp.ctx = n_prompt + n_gen > 2048 ? n_prompt + n_gen : 2048;
-        if (!save) {
+        if (!save || save_through) {
             const char *dir = getenv("TMPDIR");
             snprintf(tmp_path, sizeof tmp_path, "%s/kvslim-synthetic-%d.gguf",
                      dir && *dir ? dir : "/tmp", (int)getpid());
         }
-        model_path = save ? save : tmp_path;
+        model_path = save && !save_through ? save : tmp_path;
+        kvs_outfile_spec model_out = save && !save_through ? save_out
+                                                           : cli_output(NULL, tmp_path, NULL, 0);
         label = synthetic;
         if (isatty(STDERR_FILENO))
             fprintf(stderr, "writing synthetic model %s ...\n", model_path);
-        if (kvs_synthetic_write(&sh.hp, sh.type, 1234, model_path, stderr, &err) != KVS_OK) {
+        if (kvs_synthetic_write_to(&sh.hp, sh.type, 1234, &model_out, stderr, &err) != KVS_OK) {
             cli_error(cmd, "%s", err.msg);
+            return CLI_FAIL;
+        }
+        if (tmp_path[0])
+            cli_temp_track(NULL, tmp_path, 1);
+        if (save_through && cli_copy_to_output(cmd, &save_out, tmp_path) != 0) {
+            unlink(tmp_path);
+            cli_temp_track(NULL, tmp_path, 0);
             return CLI_FAIL;
         }
     }
@@ -185,8 +203,10 @@ int cmd_bench(int argc, char **argv)
     int32_t *tokens = NULL;
     int rc = CLI_FAIL;
     kvs_status st = kvs_model_load(model_path, &m, &err);
-    if (tmp_path[0])
+    if (tmp_path[0]) {
         unlink(tmp_path); /* the mapping stays valid */
+        cli_temp_track(NULL, tmp_path, 0);
+    }
     if (st != KVS_OK)
         goto fail;
     kvs_model_info info;
@@ -277,7 +297,7 @@ int cmd_bench(int argc, char **argv)
                            (long long)info.n_params, cli_json_escape(jk, sizeof jk, kv_spec),
                            kv_type, threads, n_prompt, n_gen, prefill, decode, attn_share,
                            hook_share, kv_bytes, kv_peak, rss);
-        if (cli_write_file(cmd, json, buf, (size_t)len) != 0) {
+        if (cli_write_output(cmd, &json_out, buf, (size_t)len) != 0) {
             err.msg[0] = 0;
             goto fail;
         }

@@ -51,8 +51,12 @@ int cmd_convert(int argc, char **argv)
         cli_error(cmd, "needs MODEL.bin, --tokenizer TOK.bin and -o OUT.gguf (see --help)");
         return CLI_USAGE;
     }
+    const kvs_outfile_input inputs[] = {{"MODEL", model}, {"--tokenizer", tok}};
+    kvs_outfile_spec dst = cli_output("-o", out, inputs, 2);
+    if (cli_check_output(cmd, &dst, NULL) != 0)
+        return CLI_FAIL;
     kvs_error err = {0};
-    if (kvs_llama2c_convert(model, tok, type, out, stderr, &err) != KVS_OK) {
+    if (kvs_llama2c_convert_to(model, tok, type, &dst, stderr, &err) != KVS_OK) {
         cli_error(cmd, "%s", err.msg);
         return CLI_FAIL;
     }

@@ -156,28 +156,6 @@ static void policy_label(const kvs_eval_result *r, char *buf, size_t size)
 }
 
 /* Can a file be created next to path? (Checked before the runs, so a typo costs nothing.) */
-static int check_writable(const char *cmd, const char *flag, const char *path)
-{
-    char dir[4096];
-    const char *slash = strrchr(path, '/');
-    if (!*path) {
-        cli_error(cmd, "%s: empty path", flag);
-        return -1;
-    }
-    if (!slash)
-        snprintf(dir, sizeof dir, ".");
-    else if (slash == path)
-        snprintf(dir, sizeof dir, "/");
-    else
-        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    if (access(dir, W_OK | X_OK) != 0) {
-        cli_error(cmd, "%s %s: directory %s is not writable: %s", flag, path, dir,
-                  strerror(errno));
-        return -1;
-    }
-    return 0;
-}
-
 static const char *kind_name(kvs_policy_kind k)
 {
     switch (k) {
@@ -474,10 +452,16 @@ int cmd_eval(int argc, char **argv)
                 goto out_jobs;
             }
     }
-    if ((json_path && check_writable(cmd, "--json", json_path)) ||
-        (csv_path && check_writable(cmd, "--csv", csv_path)) ||
-        (plot_path && check_writable(cmd, "--plot", plot_path)))
+    const kvs_outfile_input inputs[] = {{"-m", model_path}, {"--tokens", tokens_path}};
+    kvs_outfile_spec json_out = cli_output("--json", json_path, inputs, 2),
+                     csv_out = cli_output("--csv", csv_path, inputs, 2),
+                     plot_out = cli_output("--plot", plot_path, inputs, 2);
+    if ((json_path && cli_check_output(cmd, &json_out, NULL) != 0) ||
+        (csv_path && cli_check_output(cmd, &csv_out, NULL) != 0) ||
+        (plot_path && cli_check_output(cmd, &plot_out, NULL) != 0)) {
+        rc = CLI_FAIL;
         goto out_jobs;
+    }
     rc = CLI_FAIL;
     if (plot_path && kvs_eval_plot_check(&err) != KVS_OK) {
         cli_error(cmd, "--plot: %s", err.msg);
@@ -642,9 +626,9 @@ int cmd_eval(int argc, char **argv)
     print_table(stdout, rows, n_rows);
     fflush(stdout);
     err.msg[0] = 0;
-    if ((json && cli_write_file(cmd, json_path, json, json_len) != 0) ||
-        (csv && cli_write_file(cmd, csv_path, csv, csv_len) != 0) ||
-        (png && cli_write_file(cmd, plot_path, png, png_len) != 0))
+    if ((json && cli_write_output(cmd, &json_out, json, json_len) != 0) ||
+        (csv && cli_write_output(cmd, &csv_out, csv, csv_len) != 0) ||
+        (png && cli_write_output(cmd, &plot_out, png, png_len) != 0))
         goto fail;
     rc = CLI_OK;
 fail:

@@ -57,6 +57,10 @@ int cmd_logits(int argc, char **argv)
         cli_error(cmd, "needs -m MODEL, --tokens FILE and --out FILE (see --help)");
         return CLI_USAGE;
     }
+    const kvs_outfile_input inputs[] = {{"-m", model_path}, {"--tokens", tokens_path}};
+    kvs_outfile_spec out = cli_output("--out", out_path, inputs, 2);
+    if (cli_check_output(cmd, &out, NULL) != 0)
+        return CLI_FAIL;
     int32_t *ids = NULL;
     int n = 0;
     if (cli_read_tokens(cmd, tokens_path, &ids, &n) != 0)
@@ -93,7 +97,7 @@ int cmd_logits(int argc, char **argv)
     }
     if (kvs_session_eval(s, ids, n, logits, 1, &err) != KVS_OK)
         goto fail;
-    if (cli_write_file(cmd, out_path, logits, sizeof(float) * (size_t)n * info.n_vocab) != 0) {
+    if (cli_write_output(cmd, &out, logits, sizeof(float) * (size_t)n * info.n_vocab) != 0) {
         err.msg[0] = 0;
         goto fail;
     }

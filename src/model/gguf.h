@@ -6,6 +6,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/outfile.h"
 
 typedef enum kvs_gguf_type {
     KVS_GGUF_UINT8 = 0,
@@ -136,8 +137,13 @@ kvs_status kvs_gguf_set_arr(kvs_gguf_writer *w, const char *key, kvs_gguf_type e
 kvs_status kvs_gguf_add_tensor(kvs_gguf_writer *w, const char *name, kvs_dtype type,
                                uint32_t n_dims, const uint64_t *dims, const void *data,
                                kvs_error *err);
-/* Writes the file via a temporary file in the same directory and rename(), so a failed write
- * never leaves a partial file under path. */
+/* Writes the file to path as core/outfile.h describes: via a temporary file beside it and
+ * rename(), so a failed write never leaves a partial file under path; a FIFO or device is
+ * written through. */
 kvs_status kvs_gguf_write(const kvs_gguf_writer *w, const char *path, kvs_error *err);
+/* The same to dst: messages name dst->flag, dst->inputs are never overwritten, and
+ * dst->on_temp learns the temporary file's path (for removal on a signal). */
+kvs_status kvs_gguf_write_to(const kvs_gguf_writer *w, const kvs_outfile_spec *dst,
+                             kvs_error *err);
 
 #endif

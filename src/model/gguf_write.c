@@ -1,13 +1,12 @@
 /* GGUF v3 writer: keys and tensors are collected in memory (tensor data by reference), then
- * written to a temporary file in the target directory and renamed into place. */
+ * written out through core/outfile (a temporary file beside the target, renamed into place;
+ * FIFOs and devices written through). */
 #include "model/gguf.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the GGUF writer stores host values as little-endian and needs a little-endian host"
@@ -338,8 +337,10 @@ static void put_contents(const kvs_gguf_writer *w, out *o, uint32_t align)
     }
 }
 
-kvs_status kvs_gguf_write(const kvs_gguf_writer *w, const char *path, kvs_error *err)
+kvs_status kvs_gguf_write_to(const kvs_gguf_writer *w, const kvs_outfile_spec *dst,
+                             kvs_error *err)
 {
+    const char *path = dst->path;
     uint32_t align = KVS_GGUF_DEFAULT_ALIGNMENT;
     for (size_t i = 0; i < w->n_kv; i++)
         if (strcmp(w->kv[i].key, "general.alignment") == 0) {
@@ -359,40 +360,23 @@ kvs_status kvs_gguf_write(const kvs_gguf_writer *w, const char *path, kvs_error 
         total += n + (align - n % align) % align;
     }
 
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + sizeof ".tmp.XXXXXX");
-    if (!tmp)
-        return kvs_fail(err, KVS_ERR_NOMEM, "%s: out of memory", path);
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp.XXXXXX", sizeof ".tmp.XXXXXX");
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
-        kvs_status st = kvs_fail(err, KVS_ERR_IO, "%s: cannot create temporary file %s: %s",
-                                 path, tmp, strerror(errno));
-        free(tmp);
-        return st;
-    }
-    out o = {.f = fdopen(fd, "wb")};
-    if (!o.f) {
-        o.eno = errno;
-        close(fd);
-    } else {
-        if (fchmod(fd, 0644) != 0)
-            o.eno = errno;
-        put_contents(w, &o, align);
-        if (fflush(o.f) != 0 && !o.eno)
-            o.eno = errno ? errno : EIO;
-        if (fclose(o.f) != 0 && !o.eno)
-            o.eno = errno ? errno : EIO;
-    }
-    kvs_status st = KVS_OK;
-    if (o.eno)
-        st = kvs_fail(err, KVS_ERR_IO, "%s: write failed: %s", path, strerror(o.eno));
-    else if (rename(tmp, path) != 0)
-        st = kvs_fail(err, KVS_ERR_IO, "%s: cannot rename %s into place: %s", path, tmp,
-                      strerror(errno));
+    kvs_outfile *f;
+    kvs_status st = kvs_outfile_open(dst, &f, err);
     if (st != KVS_OK)
-        unlink(tmp);
-    free(tmp);
-    return st;
+        return st;
+    out o = {.f = kvs_outfile_stream(f)};
+    put_contents(w, &o, align);
+    if (o.eno) {
+        kvs_outfile_abort(f);
+        return kvs_fail(err, KVS_ERR_IO, "%s: write failed: %s", path, strerror(o.eno));
+    }
+    return kvs_outfile_commit(f, err);
+}
+
+kvs_status kvs_gguf_write(const kvs_gguf_writer *w, const char *path, kvs_error *err)
+{
+    if (!w || !path)
+        return kvs_fail(err, KVS_ERR_ARG, "GGUF write: NULL argument");
+    kvs_outfile_spec dst = {.path = path};
+    return kvs_gguf_write_to(w, &dst, err);
 }

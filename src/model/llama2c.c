@@ -126,16 +126,48 @@ static const char *base_name(const char *path)
     return s ? s + 1 : path;
 }
 
-kvs_status kvs_llama2c_convert(const char *model_path, const char *tok_path, kvs_dtype type,
-                               const char *out_path, FILE *log, kvs_error *err)
+/* out, with the checkpoint and tokenizer added to the inputs it must not overwrite. */
+static kvs_status with_inputs(const kvs_outfile_spec *out, const char *model_path,
+                              const char *tok_path, kvs_outfile_spec *full,
+                              kvs_outfile_input **owned, kvs_error *err)
 {
+    int n = out->n_inputs > 0 ? out->n_inputs : 0;
+    kvs_outfile_input *in = malloc(sizeof *in * (size_t)(n + 2));
+    if (!in)
+        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++)
+        in[i] = out->inputs[i];
+    in[n] = (kvs_outfile_input){"the checkpoint", model_path};
+    in[n + 1] = (kvs_outfile_input){"the tokenizer", tok_path};
+    *full = *out;
+    full->inputs = in;
+    full->n_inputs = n + 2;
+    *owned = in;
+    return KVS_OK;
+}
+
+kvs_status kvs_llama2c_convert_to(const char *model_path, const char *tok_path, kvs_dtype type,
+                                  const kvs_outfile_spec *out_in, FILE *log, kvs_error *err)
+{
+    if (!model_path || !tok_path || !out_in || !out_in->path)
+        return kvs_fail(err, KVS_ERR_ARG, "convert: NULL argument");
     checkpoint ck = {0};
     kvs_tokenizer *tok = NULL;
+    kvs_outfile_spec out;
+    kvs_outfile_input *inputs = NULL;
+    kvs_status st = with_inputs(out_in, model_path, tok_path, &out, &inputs, err);
+    if (st == KVS_OK)
+        st = kvs_outfile_check(&out, NULL, err);
+    if (st != KVS_OK) {
+        free(inputs);
+        return st;
+    }
     int fd = open(model_path, O_RDONLY);
-    if (fd < 0)
+    if (fd < 0) {
+        free(inputs);
         return kvs_fail(err, KVS_ERR_IO, "%s: %s", model_path, strerror(errno));
+    }
     struct stat sb;
-    kvs_status st = KVS_OK;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode))
         st = kvs_fail(err, KVS_ERR_IO, "%s: not a regular file", model_path);
     else if (sb.st_size == 0)
@@ -155,11 +187,19 @@ kvs_status kvs_llama2c_convert(const char *model_path, const char *tok_path, kvs
         st = kvs_tokenizer_load_llama2c_n(tok_path, ck.src.hp.vocab, &tok, err);
     if (st == KVS_OK) {
         ck.src.name = base_name(model_path);
-        st = kvs_llama_write_gguf(&ck.src, tok, type, out_path, log, err);
+        st = kvs_llama_write_gguf(&ck.src, tok, type, &out, log, err);
     }
     kvs_tokenizer_free(tok);
     free(ck.layers);
+    free(inputs);
     if (ck.map)
         munmap(ck.map, ck.size);
     return st;
+}
+
+kvs_status kvs_llama2c_convert(const char *model_path, const char *tok_path, kvs_dtype type,
+                               const char *out_path, FILE *log, kvs_error *err)
+{
+    kvs_outfile_spec out = {.path = out_path};
+    return kvs_llama2c_convert_to(model_path, tok_path, type, &out, log, err);
 }

@@ -153,8 +153,10 @@ static kvs_status set_metadata(kvs_gguf_writer *w, const kvs_llama_src *src, kvs
 }
 
 kvs_status kvs_llama_write_gguf(const kvs_llama_src *src, const kvs_tokenizer *tok,
-                                kvs_dtype type, const char *path, FILE *log, kvs_error *err)
+                                kvs_dtype type, const kvs_outfile_spec *out, FILE *log,
+                                kvs_error *err)
 {
+    const char *path = out->path;
     const kvs_hparams *hp = &src->hp;
     const int q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
     writer_ctx c = {kvs_gguf_writer_new(), {0}, type, log, err};
@@ -188,7 +190,7 @@ kvs_status kvs_llama_write_gguf(const kvs_llama_src *src, const kvs_tokenizer *t
 #undef NAME
     }
     if (st == KVS_OK)
-        st = kvs_gguf_write(c.w, path, err);
+        st = kvs_gguf_write_to(c.w, out, err);
     kvs_gguf_writer_free(c.w);
     owned_free(&c.owned);
     return st;

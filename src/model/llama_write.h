@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "core/outfile.h"
 #include "model/llama.h"
 
 typedef struct kvs_llama_src_layer {
@@ -22,18 +23,29 @@ typedef struct kvs_llama_src {
     const kvs_llama_src_layer *layers;
 } kvs_llama_src;
 
-/* Writes src as a GGUF with matrices of type `type` (norms stay F32). A matrix whose row length
- * is not a whole number of blocks of `type` is stored as F16 and a note is printed to log (if
- * non-NULL). The vocabulary comes from tok, or, when tok is NULL, a synthetic one is written
- * (<unk>, <s>, </s>, byte tokens, then "tokN" pieces). */
+/* Writes src as a GGUF with matrices of type `type` (norms stay F32) to out (see
+ * core/outfile.h). A matrix whose row length is not a whole number of blocks of `type` is
+ * stored as F16 and a note is printed to log (if non-NULL). The vocabulary comes from tok, or,
+ * when tok is NULL, a synthetic one is written (<unk>, <s>, </s>, byte tokens, then "tokN"
+ * pieces). */
 kvs_status kvs_llama_write_gguf(const kvs_llama_src *src, const kvs_tokenizer *tok,
-                                kvs_dtype type, const char *path, FILE *log, kvs_error *err);
+                                kvs_dtype type, const kvs_outfile_spec *out, FILE *log,
+                                kvs_error *err);
 
-/* Converts a llama2.c checkpoint and tokenizer file into a GGUF (see kvs_llama_write_gguf). */
+/* Converts a llama2.c checkpoint and tokenizer file into a GGUF (see kvs_llama_write_gguf).
+ * The output is checked before the checkpoint is read, and is never one of the two inputs
+ * (whether or not out->inputs lists them). */
+kvs_status kvs_llama2c_convert_to(const char *model_path, const char *tok_path, kvs_dtype type,
+                                  const kvs_outfile_spec *out, FILE *log, kvs_error *err);
+/* The same, writing to out_path. */
 kvs_status kvs_llama2c_convert(const char *model_path, const char *tok_path, kvs_dtype type,
                                const char *out_path, FILE *log, kvs_error *err);
 
-/* Writes a random-weight llama model of shape hp (weights N(0, 0.02), norms 1.0, fixed seed). */
+/* Writes a random-weight llama model of shape hp (weights N(0, 0.02), norms 1.0, fixed seed)
+ * to out; the output is checked before the weights are generated. */
+kvs_status kvs_synthetic_write_to(const kvs_hparams *hp, kvs_dtype type, uint64_t seed,
+                                  const kvs_outfile_spec *out, FILE *log, kvs_error *err);
+/* The same, writing to path. */
 kvs_status kvs_synthetic_write(const kvs_hparams *hp, kvs_dtype type, uint64_t seed,
                                const char *path, FILE *log, kvs_error *err);
 

@@ -2,6 +2,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "core/error.h"
 #include "model/llama_write.h"
 
 static uint64_t splitmix64(uint64_t *s)
@@ -25,8 +26,8 @@ static void fill_normal(float *x, size_t n, float sd, uint64_t *s)
     }
 }
 
-kvs_status kvs_synthetic_write(const kvs_hparams *hp_in, kvs_dtype type, uint64_t seed,
-                               const char *path, FILE *log, kvs_error *err)
+kvs_status kvs_synthetic_write_to(const kvs_hparams *hp_in, kvs_dtype type, uint64_t seed,
+                                  const kvs_outfile_spec *out, FILE *log, kvs_error *err)
 {
     kvs_hparams hp = *hp_in;
     if (hp.dim <= 0 || hp.hidden <= 0 || hp.n_layers <= 0 || hp.n_heads <= 0 ||
@@ -37,6 +38,11 @@ kvs_status kvs_synthetic_write(const kvs_hparams *hp_in, kvs_dtype type, uint64_
         return kvs_fail(err, KVS_ERR_ARG,
                         "synthetic shape: heads=%d must divide dim=%d into an even head size and "
                         "kv_heads=%d must divide heads", hp.n_heads, hp.dim, hp.n_kv_heads);
+    /* Generating the weights takes long for a large shape: find out first whether the result
+     * can be written at all. */
+    kvs_status st = kvs_outfile_check(out, NULL, err);
+    if (st != KVS_OK)
+        return st;
     hp.head_dim = hp.dim / hp.n_heads;
     hp.rot_dim = hp.head_dim;
     hp.eps = 1e-5f;
@@ -84,8 +90,17 @@ kvs_status kvs_synthetic_write(const kvs_hparams *hp_in, kvs_dtype type, uint64_
         L->w_down = m;
     }
 #undef TAKE
-    kvs_status st = kvs_llama_write_gguf(&src, NULL, type, path, log, err);
+    st = kvs_llama_write_gguf(&src, NULL, type, out, log, err);
     free(w);
     free(layers);
     return st;
+}
+
+kvs_status kvs_synthetic_write(const kvs_hparams *hp, kvs_dtype type, uint64_t seed,
+                               const char *path, FILE *log, kvs_error *err)
+{
+    if (!path)
+        return kvs_fail(err, KVS_ERR_ARG, "synthetic model: NULL path");
+    kvs_outfile_spec out = {.path = path};
+    return kvs_synthetic_write_to(hp, type, seed, &out, log, err);
 }
