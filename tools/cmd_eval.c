@@ -56,6 +56,26 @@ typedef struct row {
     char eq_of[1024];     /* the one-shot runs it matches, space-separated */
 } row;
 
+/* The rows so far; every row goes in through rows_append, the one place that grows it. */
+typedef struct row_list {
+    row *v;
+    int n, cap;
+} row_list;
+
+static int rows_append(row_list *rs, const row *rw)
+{
+    if (rs->n == rs->cap) {
+        int cap = rs->cap ? 2 * rs->cap : 16;
+        row *p = realloc(rs->v, sizeof *p * (size_t)cap);
+        if (!p)
+            return -1;
+        rs->v = p;
+        rs->cap = cap;
+    }
+    rs->v[rs->n++] = *rw;
+    return 0;
+}
+
 typedef struct list {
     char **items;
     int n, cap;
@@ -499,8 +519,7 @@ int cmd_eval(int argc, char **argv)
 
     kvs_model *m = NULL;
     kvs_eval_ref ref = {0};
-    row *rows = NULL;
-    int n_rows = 0, cap_rows = 0;
+    row_list rs = {0};
     char *json = NULL, *csv = NULL;
     void *png = NULL;
     size_t json_len = 0, csv_len = 0, png_len = 0;
@@ -520,42 +539,40 @@ int cmd_eval(int argc, char **argv)
 
     /* Rows: the reference, then per budget group its runs followed by its equal-memory runs. */
     int total = 1 + jobs.n;
-    cap_rows = total + 8;
-    if (!(rows = calloc((size_t)cap_rows, sizeof *rows))) {
-        snprintf(err.msg, sizeof err.msg, "out of memory");
-        goto fail;
-    }
+    row rw;
+    memset(&rw, 0, sizeof rw);
     snprintf(pc.label, sizeof pc.label, "eval [1/%d] full", total);
-    if (kvs_eval_reference(m, &setup, &ref, &rows[0].r, &err) != KVS_OK)
+    if (kvs_eval_reference(m, &setup, &ref, &rw.r, &err) != KVS_OK)
         goto fail;
     cli_progress_end();
-    snprintf(rows[0].label, sizeof rows[0].label, "-");
-    n_rows = 1;
+    snprintf(rw.label, sizeof rw.label, "-");
+    if (rows_append(&rs, &rw) != 0)
+        goto nomem;
 
     int nb = budgets.n ? budgets.n : 1;
     int per_budget = jobs.n / nb; /* jobs are spec-major: spec s, budget b at s * nb + b */
     int done = 1;
     for (int b = 0; b < nb; b++) {
-        int group_start = n_rows;
+        int group_start = rs.n;
         for (int s = 0; s < per_budget; s++) {
             int j = s * nb + b;
             snprintf(pc.label, sizeof pc.label, "eval [%d/%d] %.280s", ++done, total,
                      jobs.items[j]);
-            row *rw = &rows[n_rows];
-            memset(rw, 0, sizeof *rw);
-            if (kvs_eval_policy(m, &setup, &ref, jobs.items[j], &rw->r, &err) != KVS_OK)
+            memset(&rw, 0, sizeof rw);
+            if (kvs_eval_policy(m, &setup, &ref, jobs.items[j], &rw.r, &err) != KVS_OK)
                 goto fail;
             cli_progress_end();
-            snprintf(rw->label, sizeof rw->label, "%s", labels.items[j]);
-            n_rows++;
+            snprintf(rw.label, sizeof rw.label, "%s", labels.items[j]);
+            if (rows_append(&rs, &rw) != 0)
+                goto nomem;
         }
         if (!equal_memory)
             continue;
-        int group_end = n_rows;
+        int group_end = rs.n;
         for (int k = group_start; k < group_end; k++) {
-            if (rows[k].r.kind != KVS_KIND_ONE_SHOT)
+            if (rs.v[k].r.kind != KVS_KIND_ONE_SHOT)
                 continue;
-            int slots = (int)floor(rows[k].r.slots_attended_mean + 0.5);
+            int slots = (int)floor(rs.v[k].r.slots_attended_mean + 0.5);
             char count[32];
             snprintf(count, sizeof count, "%d", slots);
             for (int e = 0; e < evicting.n; e++) {
@@ -565,41 +582,35 @@ int cmd_eval(int argc, char **argv)
                              evicting.items[e]);
                     goto fail;
                 }
-                if (n_rows == cap_rows) {
-                    row *nr = realloc(rows, sizeof *rows * (size_t)(cap_rows *= 2));
-                    if (!nr) {
-                        snprintf(err.msg, sizeof err.msg, "out of memory");
-                        goto fail;
-                    }
-                    rows = nr;
-                }
                 /* Equal slot counts of several one-shot runs give one row naming them all. */
                 kvs_policy_spec parsed;
                 if (kvs_policy_parse(text, &parsed, &err) != KVS_OK)
                     goto fail;
                 int prev = -1;
-                for (int q = group_end; q < n_rows && prev < 0; q++)
-                    if (!strcmp(rows[q].r.params, parsed.text))
+                for (int q = group_end; q < rs.n && prev < 0; q++)
+                    if (!strcmp(rs.v[q].r.params, parsed.text))
                         prev = q;
                 if (prev >= 0) {
-                    size_t len = strlen(rows[prev].eq_of);
-                    snprintf(rows[prev].eq_of + len, sizeof rows[prev].eq_of - len, " %s",
-                             rows[k].r.params);
+                    size_t len = strlen(rs.v[prev].eq_of);
+                    snprintf(rs.v[prev].eq_of + len, sizeof rs.v[prev].eq_of - len, " %s",
+                             rs.v[k].r.params);
                     continue;
                 }
-                row *rw = &rows[n_rows];
-                memset(rw, 0, sizeof *rw);
+                memset(&rw, 0, sizeof rw);
                 snprintf(pc.label, sizeof pc.label, "eval [equal memory] %.280s", text);
-                if (kvs_eval_policy(m, &setup, &ref, text, &rw->r, &err) != KVS_OK)
+                if (kvs_eval_policy(m, &setup, &ref, text, &rw.r, &err) != KVS_OK)
                     goto fail;
                 cli_progress_end();
-                rw->eq = 1;
-                snprintf(rw->label, sizeof rw->label, "eq:%d", slots);
-                snprintf(rw->eq_of, sizeof rw->eq_of, "%s", rows[k].r.params);
-                n_rows++;
+                rw.eq = 1;
+                snprintf(rw.label, sizeof rw.label, "eq:%d", slots);
+                snprintf(rw.eq_of, sizeof rw.eq_of, "%s", rs.v[k].r.params);
+                if (rows_append(&rs, &rw) != 0)
+                    goto nomem;
             }
         }
     }
+    row *rows = rs.v;
+    int n_rows = rs.n;
 
     /* Everything is computed; build every output before writing any. */
     if (json_path && !(json = to_json(rows, n_rows, &json_len))) {
@@ -647,6 +658,10 @@ int cmd_eval(int argc, char **argv)
         (png && cli_write_file(cmd, plot_path, png, png_len) != 0))
         goto fail;
     rc = CLI_OK;
+    if (0) {
+nomem:
+        snprintf(err.msg, sizeof err.msg, "out of memory");
+    }
 fail:
     cli_progress_end();
     if (rc != CLI_OK && err.msg[0])
@@ -654,7 +669,7 @@ fail:
     free(json);
     free(csv);
     free(png);
-    free(rows);
+    free(rs.v);
     kvs_eval_ref_free(&ref);
     kvs_model_free(m);
     free(ids);
