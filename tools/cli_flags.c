@@ -120,6 +120,9 @@ static const flag_def flags[] = {
      "CPUs are clamped to their number)"},
     {FL_CTX, "-c", "--ctx", K_INT, "N", CMD_RUN, 1, 1 << 24, 0, NULL,
      "context length (default: the model's)"},
+    {FL_CONTEXT_SHIFT, NULL, "--context-shift", K_NONE, NULL, CMD_RUN, 0, 0, 0, NULL,
+     "position shifting: with an evicting --kv policy, re-rotate the kept\n"
+     "keys so generation goes on past the context in bounded memory"},
     {FL_CHUNK, NULL, "--chunk", K_INT, "N", SESSION, 1, 1 << 20, 0, NULL,
      "prompt tokens per forward batch (default 512)"},
     {FL_JSON, NULL, "--json", K_STRING, "OUT", CMD_EVAL, 0, 0, 0, NULL,

@@ -37,6 +37,7 @@ typedef enum cli_flag_id {
     FL_SEED,
     FL_THREADS,
     FL_CTX,
+    FL_CONTEXT_SHIFT,
     FL_CHUNK,
     FL_KV,
     FL_KV_TYPE,

@@ -466,6 +466,20 @@ static int collect_specs(const char *cmd, const cli_args *a, eval_state *e)
     return CLI_OK;
 }
 
+/* A spec the parser refused, in the user's terms: the parser names the spec it was given
+ * ("--kv h2o:budget=1.5: ..."), which with --budget is one the user never typed. */
+static void budget_error(const char *cmd, const eval_state *e, const char *spec, const char *use,
+                         const char *budget)
+{
+    char prefix[600];
+    int len = snprintf(prefix, sizeof prefix, "--kv %s: ", use);
+    if (!budget || strncmp(e->err.msg, prefix, (size_t)len) != 0) {
+        cli_error(cmd, "%s", e->err.msg);
+        return;
+    }
+    cli_error(cmd, "--kv %s with --budget %s: %s", spec, budget, e->err.msg + len);
+}
+
 /* The runs: each non-full spec at each budget (or its own); every spec parses. */
 static int plan_jobs(const char *cmd, eval_state *e)
 {
@@ -497,7 +511,7 @@ static int plan_jobs(const char *cmd, eval_state *e)
             }
             kvs_policy_spec parsed;
             if (kvs_policy_parse(use, &parsed, &e->err) != KVS_OK) {
-                cli_error(cmd, "%s", e->err.msg);
+                budget_error(cmd, e, spec, use, e->budgets.n ? e->budgets.items[b] : NULL);
                 return CLI_USAGE;
             }
             if (list_add(&e->jobs, use, strlen(use)) ||

@@ -57,6 +57,7 @@ static int run(const cli_args *a)
     params.n_threads = cli_threads(a);
     params.n_ctx = n_ctx;
     params.chunk = cli_get_int(a, FL_CHUNK, 0);
+    params.context_shift = a->given[FL_CONTEXT_SHIFT] > 0;
     params.log = notice;
 
     char *owned = NULL;
