@@ -57,7 +57,7 @@ static void put_quoted(FILE *f, const char *s)
     fputc('\'', f);
 }
 
-/* The series a result belongs to: its canonical spec without the budget (budget= or slots=). */
+/* The series a result belongs to: its canonical spec without the budget (or slots) item. */
 static void series_key(const kvs_eval_result *r, char *buf, size_t size)
 {
     const char *colon = strchr(r->params, ':');
@@ -70,7 +70,9 @@ static void series_key(const kvs_eval_result *r, char *buf, size_t size)
     const char *p = colon + 1;
     while (*p && len < size) {
         size_t item = strcspn(p, ",");
-        if (strncmp(p, "budget=", 7) && strncmp(p, "slots=", 6)) {
+        int budget = (item >= 7 && !strncmp(p, "budget=", 7)) ||
+                     (item >= 6 && !strncmp(p, "slots=", 6));
+        if (!budget) {
             len += (size_t)snprintf(buf + len, size - len, "%c%.*s", sep, (int)item, p);
             sep = ',';
         }

@@ -37,9 +37,9 @@ grep -q "1\.\.0" "$TMP/err" && fail "prompt range 1..0 still printed" || pass "n
 # A spec the model or prompt refuses fails before the first run: exit 2, nothing on stdout, no
 # result file.
 status=0
-"${B[@]}" --kv full,streaming --budget 0.1 --kv "h2o:budget=0.1" --kv "streaming:budget=0.5,sinks=400" \
+"${B[@]}" --kv full,streaming --kv "h2o:budget=0.1" --kv "streaming:slots=100,sinks=400" \
   --json "$TMP/early.json" >"$TMP/out" 2>"$TMP/err" || status=$?
-[ "$status" = 2 ] && [ ! -s "$TMP/out" ] && [ ! -e "$TMP/early.json" ] \
+[ "$status" = 2 ] && [ ! -s "$TMP/out" ] && [ ! -e "$TMP/early.json" ] && grep -q "no room" "$TMP/err" \
   && ! grep -q 'done in' "$TMP/err" && pass "spec checked before any run: $(head -n 1 "$TMP/err")" \
   || fail "late spec failure: exit $status, $(head -c 300 "$TMP/err")"
 
