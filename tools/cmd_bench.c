@@ -163,9 +163,9 @@ static int bench(const cli_args *a)
     kvs_model_info info;
     kvs_model_get_info(m, &info);
     if (n_prompt + n_gen > info.n_ctx) {
-        st = kvs_fail(&err, KVS_ERR_ARG,
-                      "-p %d plus -n %d exceed the model's context of %d tokens", n_prompt, n_gen,
-                      info.n_ctx);
+        st = kvs_fail(&err, KVS_ERR_ARG, "%s %d plus %s %d exceed the model's context of %d tokens",
+                      a->given[FL_N_PROMPT] ? a->as[FL_N_PROMPT] : "-p", n_prompt,
+                      a->given[FL_N_GEN] ? a->as[FL_N_GEN] : "-n", n_gen, info.n_ctx);
         goto fail;
     }
     params.n_threads = threads;

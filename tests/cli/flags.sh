@@ -54,6 +54,14 @@ for cmd in run logits tokenize convert bench eval; do
     && pass "$cmd --help" || fail "$cmd --help"
 done
 
+# No option is declared twice for one command (a second row would never be reached).
+for cmd in run logits tokenize convert bench eval; do
+  dups=$("$KVS_BIN" "$cmd" --help | grep -oE '^  (-[a-z], )?--[a-z-]+' | sed 's/^ *//' \
+    | tr ',' '\n' | sed 's/^ *//' | sort | uniq -d)
+  [ -z "$dups" ] && pass "$cmd: no option declared twice" || fail "$cmd declares twice: $dups"
+done
+"$KVS_BIN" eval --kv=help | grep -q '^streaming ' && pass "--kv=help" || fail "--kv=help"
+
 # More threads than online CPUs: clamped with a notice.
 cpus=$(getconf _NPROCESSORS_ONLN)
 if [ "$cpus" -lt 256 ]; then
