@@ -20,55 +20,6 @@ void cli_error(const char *cmd, const char *fmt, ...)
     va_end(ap);
 }
 
-const char *cli_value(const char *cmd, int argc, char **argv, int *i)
-{
-    if (*i + 1 >= argc) {
-        cli_error(cmd, "%s needs a value (see kvslim %s --help)", argv[*i], cmd);
-        return NULL;
-    }
-    return argv[++*i];
-}
-
-int cli_int(const char *cmd, const char *flag, const char *s, long min, long max, int *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < min || v > max) {
-        cli_error(cmd, "%s expects a whole number in [%ld, %ld], got '%s'", flag, min, max, s);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
-
-int cli_u64(const char *cmd, const char *flag, const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *end || s[0] == '-') {
-        cli_error(cmd, "%s expects a non-negative whole number, got '%s'", flag, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-int cli_float(const char *cmd, const char *flag, const char *s, double min, double max,
-              float *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v) || v < min || v > max) {
-        cli_error(cmd, "%s expects a number in [%g, %g], got '%s'", flag, min, max, s);
-        return -1;
-    }
-    *out = (float)v;
-    return 0;
-}
-
 int cli_bad_arg(const char *cmd, const char *arg)
 {
     if (arg[0] == '-')
@@ -113,6 +64,17 @@ void cli_progress_end(void)
         fprintf(stderr, "\r\033[K");
 }
 
+void cli_progress_line(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    cli_progress_end();
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    fflush(stderr);
+    va_end(ap);
+}
+
 const char *cli_bytes(char *buf, size_t size, double bytes)
 {
     static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -125,39 +87,9 @@ const char *cli_bytes(char *buf, size_t size, double bytes)
     return buf;
 }
 
-const char *const cli_kv_help =
-    "  --kv SPEC           KV policy NAME[:key=value,...], e.g. h2o:budget=0.25 (default full);\n"
-    "                      budget=F (0 < F <= 1, with a decimal point) is a fraction of the\n"
-    "                      prompt, budget=N (whole number) a token count, per layer and KV head;\n"
-    "                      --kv help lists the policies and their parameters\n"
-    "  --kv-type TYPE      KV storage type: f32 (default) or f16\n";
-
-int cli_kv_flags(const char *cmd, int argc, char **argv, int *i, kvs_session_params *p)
+int cli_status_exit(kvs_status st)
 {
-    const char *a = argv[*i], *v;
-    if (strcmp(a, "--kv") && strcmp(a, "--kv-type"))
-        return 0;
-    if (!(v = cli_value(cmd, argc, argv, i)))
-        return -1;
-    if (!strcmp(a, "--kv-type")) {
-        if (strcmp(v, "f32") && strcmp(v, "f16")) {
-            cli_error(cmd, "--kv-type: unknown type '%s' (f32 or f16)", v);
-            return -1;
-        }
-        p->kv_type = v;
-        return 1;
-    }
-    if (!strcmp(v, "help")) {
-        kvs_kv_policy_help(stdout);
-        return 2;
-    }
-    kvs_error err = {0};
-    if (kvs_kv_policy_check(v, &err) != KVS_OK) {
-        cli_error(cmd, "%s", err.msg);
-        return -1;
-    }
-    p->kv_policy = v;
-    return 1;
+    return st == KVS_ERR_ARG ? CLI_USAGE : CLI_FAIL;
 }
 
 const char *cli_json_escape(char *buf, size_t size, const char *s)

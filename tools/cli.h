@@ -1,4 +1,4 @@
-/* Shared helpers for the kvslim subcommands: flag parsing, files, timing, messages. */
+/* Shared helpers for the kvslim subcommands: files, timing, messages (flags: cli_flags.h). */
 #ifndef KVS_CLI_H
 #define KVS_CLI_H
 
@@ -21,13 +21,6 @@ int cmd_eval(int argc, char **argv);
 /* Prints "kvslim CMD: message" to stderr. */
 void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Flag-value access: returns argv[*i + 1] and advances *i, or prints an error and returns NULL. */
-const char *cli_value(const char *cmd, int argc, char **argv, int *i);
-/* Parse a whole-string number within [min, max]; on error print one naming the flag, return -1. */
-int cli_int(const char *cmd, const char *flag, const char *s, long min, long max, int *out);
-int cli_u64(const char *cmd, const char *flag, const char *s, uint64_t *out);
-int cli_float(const char *cmd, const char *flag, const char *s, double min, double max,
-              float *out);
 /* Unknown flag or stray argument: prints the error and a hint to --help. Returns CLI_USAGE. */
 int cli_bad_arg(const char *cmd, const char *arg);
 
@@ -61,10 +54,9 @@ int cli_copy_to_output(const char *cmd, const kvs_outfile_spec *out, const char 
 void cli_temp_track(void *ctx, const char *tmp_path, int exists);
 /* ---- end of file I/O ---- */
 
-/* Handles --kv SPEC, --kv-type TYPE and --kv help (prints the policies). Returns 1 if argv[*i]
- * was one of them (advancing *i), 0 if not, -1 on error (message printed), 2 after help. */
-int cli_kv_flags(const char *cmd, int argc, char **argv, int *i, kvs_session_params *p);
-extern const char *const cli_kv_help;
+/* The exit code for a library status: bad usage (KVS_ERR_ARG: a budget, a policy parameter,
+ * a prompt over the context) is 2, anything else 1. */
+int cli_status_exit(kvs_status st);
 
 /* s as the body of a JSON string (quotes, backslashes and control bytes escaped). */
 const char *cli_json_escape(char *buf, size_t size, const char *s);
@@ -76,6 +68,9 @@ size_t cli_peak_rss(void);
 /* Progress on stderr, only when it is a terminal: "label: done/total". */
 void cli_progress(const char *label, long done, long total);
 void cli_progress_end(void);
+/* One finished piece of work ("eval [3/12] h2o:budget=0.1 done in 1.2 s"), one line on stderr
+ * whether or not it is a terminal, so a log of a long run shows how far it got. */
+void cli_progress_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Human-readable byte count into buf ("1.50 MiB"). */
 const char *cli_bytes(char *buf, size_t size, double bytes);
 

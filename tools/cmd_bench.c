@@ -6,32 +6,73 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "cli_flags.h"
+#include "core/error.h"
+#include "core/number.h"
 #include "core/dtype.h"
 #include "engine/session_internal.h"
 #include "model/llama_write.h"
 
-static const char *const help =
+static const cli_command bench_cmd = {
+    "bench", CMD_BENCH,
     "usage: kvslim bench (-m MODEL | --synthetic SHAPE) [options]\n"
     "\n"
-    "Times a prompt of random tokens (prefill) and then decoding one token at a time.\n"
-    "  -m, --model MODEL     GGUF model\n"
-    "  --synthetic SHAPE     random-weight llama model, SHAPE = comma-separated key=value of\n"
-    "                        dim, hidden, layers, heads, kv_heads, vocab, ctx, type (f32, f16,\n"
-    "                        bf16, q8_0, q4_0); e.g. dim=768,hidden=2048,layers=12,heads=12,\n"
-    "                        kv_heads=12,vocab=512,type=q8_0 (weights N(0, 0.02), seed fixed)\n"
-    "  --save FILE.gguf      with --synthetic: keep the generated model as a GGUF file\n"
-    "  -p, --n-prompt N      prompt tokens (default 512)\n"
-    "  -n, --n-gen N         generated tokens (default 128)\n"
-    "  -t, --threads N       threads (default: online CPUs, at most 8)\n"
-    "  -r, --reps N          repetitions, reported as mean (default 1)\n"
-    "  --chunk N             prompt tokens per forward batch (default 512)\n"
-    "  --json FILE           write the results as JSON (fields: model, threads, n_prompt,\n"
-    "                        n_gen, prefill_tok_s, decode_tok_s, kv_bytes, peak_rss_bytes)\n";
+    "Times a prompt of random tokens (prefill) and then decoding one token at a time.\n",
+    NULL};
 
 typedef struct shape {
     kvs_hparams hp;
     kvs_dtype type;
 } shape;
+
+static const struct {
+    const char *key;
+    size_t off;
+    int max;
+} shape_ints[] = {
+    {"dim", offsetof(kvs_hparams, dim), 1 << 16},
+    {"hidden", offsetof(kvs_hparams, hidden), 1 << 18},
+    {"layers", offsetof(kvs_hparams, n_layers), 1024},
+    {"heads", offsetof(kvs_hparams, n_heads), 1024},
+    {"kv_heads", offsetof(kvs_hparams, n_kv_heads), 1024},
+    {"vocab", offsetof(kvs_hparams, vocab), 1 << 20},
+    {"ctx", offsetof(kvs_hparams, ctx), 1 << 22},
+};
+#define N_SHAPE_INTS (sizeof shape_ints / sizeof shape_ints[0])
+
+/* One key=value of a shape; seen[] marks the keys already given (index N_SHAPE_INTS: type). */
+static int shape_item(const char *cmd, const char *key, const char *val, shape *s, int *seen)
+{
+    size_t k = 0;
+    while (k < N_SHAPE_INTS && strcmp(key, shape_ints[k].key))
+        k++;
+    if (k == N_SHAPE_INTS && strcmp(key, "type")) {
+        cli_error(cmd, "--synthetic: unknown key '%s' (accepted: dim, hidden, layers, heads, "
+                       "kv_heads, vocab, ctx, type)", key);
+        return -1;
+    }
+    if (seen[k]++) {
+        cli_error(cmd, "--synthetic: %s given twice", key);
+        return -1;
+    }
+    if (k == N_SHAPE_INTS) {
+        if (kvs_dtype_parse(val, &s->type) != 0) {
+            cli_error(cmd, "--synthetic type: unknown type '%s' (f32, f16, bf16, q8_0, q4_0)",
+                      val);
+            return -1;
+        }
+        return 0;
+    }
+    int64_t v;
+    if (kvs_parse_i64(val, 1, shape_ints[k].max, &v) != 0) {
+        char hi[32];
+        cli_error(cmd, "--synthetic %s expects a whole number in [1, %s], got '%s'", key,
+                  kvs_format_number(hi, sizeof hi, shape_ints[k].max), val);
+        return -1;
+    }
+    *(int *)((char *)&s->hp + shape_ints[k].off) = (int)v;
+    return 0;
+}
 
 static int parse_shape(const char *cmd, const char *spec, shape *s)
 {
@@ -39,55 +80,25 @@ static int parse_shape(const char *cmd, const char *spec, shape *s)
     s->hp.dim = 768, s->hp.hidden = 2048, s->hp.n_layers = 12, s->hp.n_heads = 12;
     s->hp.n_kv_heads = -1, s->hp.vocab = 512, s->hp.ctx = 0;
     s->type = KVS_F32;
-    char *copy = strdup(spec), *save = NULL;
-    int rc = copy ? 0 : -1;
-    for (char *kv = copy ? strtok_r(copy, ",", &save) : NULL; kv && !rc;
-         kv = strtok_r(NULL, ",", &save)) {
-        char *eq = strchr(kv, '=');
-        if (!eq) {
-            cli_error(cmd, "--synthetic: '%s' is not key=value", kv);
-            rc = -1;
+    int seen[N_SHAPE_INTS + 1] = {0};
+    for (const char *p = spec;;) {
+        size_t len = strcspn(p, ","), klen = strcspn(p, "=");
+        char key[32], val[64];
+        if (klen >= len) {
+            cli_error(cmd, "--synthetic: '%.*s' is not key=value", (int)len, p);
+            return -1;
+        }
+        snprintf(key, sizeof key, "%.*s", (int)klen, p);
+        snprintf(val, sizeof val, "%.*s", (int)(len - klen - 1), p + klen + 1);
+        if (shape_item(cmd, key, val, s, seen) != 0)
+            return -1;
+        p += len;
+        if (!*p++)
             break;
-        }
-        *eq = 0;
-        const char *key = kv, *val = eq + 1;
-        static const struct {
-            const char *key;
-            size_t off;
-            long max;
-        } ints[] = {
-            {"dim", offsetof(kvs_hparams, dim), 1 << 16},
-            {"hidden", offsetof(kvs_hparams, hidden), 1 << 18},
-            {"layers", offsetof(kvs_hparams, n_layers), 1024},
-            {"heads", offsetof(kvs_hparams, n_heads), 1024},
-            {"kv_heads", offsetof(kvs_hparams, n_kv_heads), 1024},
-            {"vocab", offsetof(kvs_hparams, vocab), 1 << 20},
-            {"ctx", offsetof(kvs_hparams, ctx), 1 << 22},
-        };
-        size_t k;
-        for (k = 0; k < sizeof ints / sizeof ints[0]; k++)
-            if (!strcmp(key, ints[k].key))
-                break;
-        if (k < sizeof ints / sizeof ints[0]) {
-            char flag[64];
-            snprintf(flag, sizeof flag, "--synthetic %s", key);
-            rc = cli_int(cmd, flag, val, 1, ints[k].max, (int *)((char *)&s->hp + ints[k].off));
-        } else if (!strcmp(key, "type")) {
-            if (kvs_dtype_parse(val, &s->type) != 0) {
-                cli_error(cmd, "--synthetic type: unknown type '%s' (f32, f16, bf16, q8_0, "
-                               "q4_0)", val);
-                rc = -1;
-            }
-        } else {
-            cli_error(cmd, "--synthetic: unknown key '%s' (accepted: dim, hidden, layers, "
-                           "heads, kv_heads, vocab, ctx, type)", key);
-            rc = -1;
-        }
     }
-    free(copy);
     if (s->hp.n_kv_heads < 0)
         s->hp.n_kv_heads = s->hp.n_heads;
-    return rc;
+    return 0;
 }
 
 static unsigned rand_next(unsigned *state)
@@ -96,58 +107,16 @@ static unsigned rand_next(unsigned *state)
     return *state >> 8;
 }
 
-int cmd_bench(int argc, char **argv)
+static int bench(const cli_args *a)
 {
     kvs_session_params params = kvs_session_default_params();
-    const char *cmd = "bench", *model_path = NULL, *synthetic = NULL, *save = NULL,
-               *json = NULL, *v;
-    int n_prompt = 512, n_gen = 128, threads = cli_default_threads(), reps = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-#define VALUE() (v = cli_value(cmd, argc, argv, &i))
-        int kv = cli_kv_flags(cmd, argc, argv, &i, &params);
-        if (kv < 0)
-            return CLI_USAGE;
-        if (kv == 2)
-            return CLI_OK;
-        if (kv == 1)
-            continue;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs(help, stdout);
-            fputs(cli_kv_help, stdout);
-            return CLI_OK;
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (!(model_path = VALUE()))
-                return CLI_USAGE;
-        } else if (!strcmp(a, "--synthetic")) {
-            if (!(synthetic = VALUE()))
-                return CLI_USAGE;
-        } else if (!strcmp(a, "--save")) {
-            if (!(save = VALUE()))
-                return CLI_USAGE;
-        } else if (!strcmp(a, "--json")) {
-            if (!(json = VALUE()))
-                return CLI_USAGE;
-        } else if (!strcmp(a, "-p") || !strcmp(a, "--n-prompt")) {
-            if (!VALUE() || cli_int(cmd, a, v, 1, 1 << 22, &n_prompt))
-                return CLI_USAGE;
-        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-gen")) {
-            if (!VALUE() || cli_int(cmd, a, v, 0, 1 << 22, &n_gen))
-                return CLI_USAGE;
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            if (!VALUE() || cli_int(cmd, a, v, 1, 256, &threads))
-                return CLI_USAGE;
-        } else if (!strcmp(a, "--chunk")) {
-            if (!VALUE() || cli_int(cmd, a, v, 1, 1 << 20, &params.chunk))
-                return CLI_USAGE;
-        } else if (!strcmp(a, "-r") || !strcmp(a, "--reps")) {
-            if (!VALUE() || cli_int(cmd, a, v, 1, 1000, &reps))
-                return CLI_USAGE;
-        } else {
-            return cli_bad_arg(cmd, a);
-        }
-#undef VALUE
-    }
+    const char *cmd = "bench", *model_path = a->str[FL_MODEL], *synthetic = a->str[FL_SYNTHETIC],
+               *save = a->str[FL_SAVE], *json = a->str[FL_JSON];
+    int n_prompt = cli_get_int(a, FL_N_PROMPT, 512), n_gen = cli_get_int(a, FL_N_GEN, 128),
+        reps = cli_get_int(a, FL_REPS, 1);
+    if (cli_kv_params(a, &params) != 0)
+        return CLI_USAGE;
+    params.chunk = cli_get_int(a, FL_CHUNK, 0);
     if (!model_path == !synthetic) {
         cli_error(cmd, "needs exactly one of -m MODEL or --synthetic SHAPE (see --help)");
         return CLI_USAGE;
@@ -166,7 +135,9 @@ int cmd_bench(int argc, char **argv)
     /* A FIFO or device cannot be loaded back: the model goes to a private file, then to it. */
     const int save_through = save && save_kind == KVS_OUTFILE_THROUGH;
 
+    int threads = cli_threads(a);
     kvs_error err = {0};
+    kvs_status st = KVS_OK;
     char tmp_path[4096] = "";
     const char *label = model_path;
     if (synthetic) {
@@ -202,7 +173,7 @@ int cmd_bench(int argc, char **argv)
     kvs_session *s = NULL;
     int32_t *tokens = NULL;
     int rc = CLI_FAIL;
-    kvs_status st = kvs_model_load(model_path, &m, &err);
+    st = kvs_model_load(model_path, &m, &err);
     if (tmp_path[0]) {
         unlink(tmp_path); /* the mapping stays valid */
         cli_temp_track(NULL, tmp_path, 0);
@@ -212,13 +183,13 @@ int cmd_bench(int argc, char **argv)
     kvs_model_info info;
     kvs_model_get_info(m, &info);
     if (n_prompt + n_gen > info.n_ctx) {
-        snprintf(err.msg, sizeof err.msg,
-                 "-p %d plus -n %d exceed the model's context of %d tokens", n_prompt, n_gen,
-                 info.n_ctx);
+        st = kvs_fail(&err, KVS_ERR_ARG, "%s %d plus %s %d exceed the model's context of %d tokens",
+                      a->given[FL_N_PROMPT] ? a->as[FL_N_PROMPT] : "-p", n_prompt,
+                      a->given[FL_N_GEN] ? a->as[FL_N_GEN] : "-n", n_gen, info.n_ctx);
         goto fail;
     }
     params.n_threads = threads;
-    if (kvs_session_new(m, &params, &s, &err) != KVS_OK)
+    if ((st = kvs_session_new(m, &params, &s, &err)) != KVS_OK)
         goto fail;
     if (!(tokens = malloc(sizeof(int32_t) * (size_t)(n_prompt + n_gen)))) {
         snprintf(err.msg, sizeof err.msg, "out of memory");
@@ -248,13 +219,13 @@ int cmd_bench(int argc, char **argv)
         kvs_session_reset(s);
         cli_progress("prefill", r, reps);
         double t0 = cli_now();
-        if (kvs_session_eval(s, tokens, n_prompt, NULL, 0, &err) != KVS_OK)
+        if ((st = kvs_session_eval(s, tokens, n_prompt, NULL, 0, &err)) != KVS_OK)
             goto fail;
         double t1 = cli_now();
         sum_hook_share += kvs_kv_prefill_hook_seconds(kvs_session_kv(s)) / (t1 - t0);
         for (int g = 0; g < n_gen; g++) {
             cli_progress("decode", g, n_gen);
-            if (kvs_session_eval(s, tokens + n_prompt + g, 1, NULL, 0, &err) != KVS_OK)
+            if ((st = kvs_session_eval(s, tokens + n_prompt + g, 1, NULL, 0, &err)) != KVS_OK)
                 goto fail;
         }
         double t2 = cli_now();
@@ -305,10 +276,22 @@ int cmd_bench(int argc, char **argv)
     rc = CLI_OK;
 fail:
     cli_progress_end();
-    if (rc != CLI_OK && err.msg[0])
+    if (rc != CLI_OK && err.msg[0]) {
         cli_error(cmd, "%s", err.msg);
+        rc = cli_status_exit(st);
+    }
     free(tokens);
     kvs_session_free(s);
     kvs_model_free(m);
+    return rc;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    cli_args a;
+    int rc = cli_parse(&bench_cmd, argc, argv, &a);
+    if (rc < 0)
+        rc = bench(&a);
+    cli_args_free(&a);
     return rc;
 }

@@ -7,10 +7,14 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "cli_flags.h"
+#include "core/error.h"
+#include "core/number.h"
 #include "eval/eval.h"
 #include "kv/policy.h"
 
-static const char *const help =
+static const cli_command eval_cmd = {
+    "eval", CMD_EVAL,
     "usage: kvslim eval -m MODEL --tokens FILE --prompt-len N --kv SPEC [--kv SPEC ...]\n"
     "                   [--budget B1,B2,...] [--equal-memory] [--kv-type f32|f16] [-t N]\n"
     "                   [--chunk N] [--json OUT] [--csv OUT] [--plot OUT.png]\n"
@@ -29,24 +33,11 @@ static const char *const help =
     "(kv_bytes is their maximum, kv_bytes_mean their mean; kv_bytes_full_f16 the mean size a\n"
     "full F16 cache would have at the same points).\n"
     "\n"
-    "  -m, --model MODEL   GGUF model\n"
-    "  --tokens FILE       token ids, one per line (T of them)\n"
-    "  --prompt-len N      prompt tokens, 1 <= N <= T-2\n"
-    "  --kv SPEC           a policy NAME[:key=value,...]; repeat for more; '--kv a,b,c' lists\n"
-    "                      bare names; '--kv help' lists the policies and their parameters\n"
-    "  --budget B1,B2,...  run every non-full policy at each budget (overrides a spec's own\n"
-    "                      budget=); a fraction of the prompt (0.25) or a token count (96)\n"
-    "  --equal-memory      also run each evicting policy given with --kv (all evicting\n"
-    "                      policies if none is) at budget = round(mean slots attended) of\n"
-    "                      every one-shot run; those rows have budget 'eq:<slots>' and\n"
-    "                      name the one-shot runs they match (equal_memory_of)\n"
-    "  --kv-type TYPE      KV storage type: f32 (default) or f16\n"
-    "  -t, --threads N     threads (default: online CPUs, at most 8)\n"
-    "  --chunk N           prompt tokens per forward batch (default 512)\n"
-    "  --json OUT          results as a JSON array of objects (written atomically)\n"
-    "  --csv OUT           results as CSV with a header line (written atomically)\n"
-    "  --plot OUT.png      KL and top-1 against mean KV bytes relative to the full cache, one\n"
-    "                      line per policy across budgets (needs gnuplot)\n";
+    "Every spec is checked against the model and the prompt before the first run. Each finished\n"
+    "run prints one line on stderr, and --json/--csv are rewritten after every run, so an\n"
+    "interrupted eval keeps what it measured; the table (stdout) and the plot come at the end.\n"
+    "\n",
+    NULL};
 
 /* One row of output. */
 typedef struct row {
@@ -55,6 +46,26 @@ typedef struct row {
     int eq;               /* an equal-memory run */
     char eq_of[1024];     /* the one-shot runs it matches, space-separated */
 } row;
+
+/* The rows so far; every row goes in through rows_append, the one place that grows it. */
+typedef struct row_list {
+    row *v;
+    int n, cap;
+} row_list;
+
+static int rows_append(row_list *rs, const row *rw)
+{
+    if (rs->n == rs->cap) {
+        int cap = rs->cap ? 2 * rs->cap : 16;
+        row *p = realloc(rs->v, sizeof *p * (size_t)cap);
+        if (!p)
+            return -1;
+        rs->v = p;
+        rs->cap = cap;
+    }
+    rs->v[rs->n++] = *rw;
+    return 0;
+}
 
 typedef struct list {
     char **items;
@@ -87,41 +98,87 @@ static void list_free(list *l)
     free(l->items);
 }
 
-/* Splits a comma-separated value; empty items are an error. */
-static int split(const char *cmd, const char *flag, const char *v, list *out)
+/* Is this item of a spec its budget (a fraction, budget=, or a count, slots=)? */
+static int is_budget_item(const char *item)
 {
-    for (const char *p = v;;) {
-        size_t len = strcspn(p, ",");
-        if (len == 0) {
-            cli_error(cmd, "%s '%s': empty item in the list", flag, v);
-            return -1;
-        }
-        if (list_add(out, p, len) != 0) {
-            cli_error(cmd, "out of memory");
-            return -1;
-        }
-        p += len;
-        if (!*p)
-            return 0;
-        p++;
-    }
+    return !strncmp(item, "budget=", 7) || !strncmp(item, "slots=", 6);
 }
 
-/* The spec with its budget set to budget: "NAME:budget=B[,other items]". */
-static int with_budget(const char *spec, const char *budget, char *out, size_t size)
+/* The spec with its budget replaced: "NAME:ITEM[,other items]", ITEM "budget=.." or "slots=..". */
+static int with_budget(const char *spec, const char *item_text, char *out, size_t size)
 {
     const char *colon = strchr(spec, ':');
     size_t name_len = colon ? (size_t)(colon - spec) : strlen(spec);
-    size_t len = (size_t)snprintf(out, size, "%.*s:budget=%s", (int)name_len, spec, budget);
+    size_t len = (size_t)snprintf(out, size, "%.*s:%s", (int)name_len, spec, item_text);
     for (const char *p = colon ? colon + 1 : ""; *p && len < size;) {
         size_t item = strcspn(p, ",");
-        if (item && strncmp(p, "budget=", 7) != 0)
+        if (item && !is_budget_item(p))
             len += (size_t)snprintf(out + len, size - len, ",%.*s", (int)item, p);
         p += item;
         if (*p == ',')
             p++;
     }
     return len < size ? 0 : -1;
+}
+
+/* A --budget item as a spec item and a table label: "0.25" -> budget=0.25, "25%" -> budget=25%,
+ * "slots=96" -> slots=96 (label 96). Ranges are the spec parser's to check. A bare whole number
+ * is refused: "1" read as one slot where "1.0" is the whole prompt. */
+static int budget_item(const char *cmd, const char *item, char *spec_item, size_t ss,
+                       char *label, size_t ls)
+{
+    int64_t count;
+    double x;
+    size_t len = strlen(item);
+    if (!strncmp(item, "slots=", 6)) {
+        if (kvs_parse_i64(item + 6, 1, INT32_MAX, &count) != 0) {
+            cli_error(cmd, "--budget %s: slots= takes a whole number of slots per layer and KV "
+                           "head, e.g. slots=96", item);
+            return -1;
+        }
+        snprintf(spec_item, ss, "%s", item);
+        snprintf(label, ls, "%s", item + 6);
+        return 0;
+    }
+    if (len > 1 && item[len - 1] == '%') {
+        char num[64];
+        snprintf(num, sizeof num, "%.*s", (int)(len - 1), item);
+        if (kvs_parse_f64(num, -INFINITY, INFINITY, &x) == 0) {
+            snprintf(spec_item, ss, "budget=%s", item);
+            snprintf(label, ls, "%s", item);
+            return 0;
+        }
+    } else if (kvs_number_has_point(item) && kvs_parse_f64(item, -INFINITY, INFINITY, &x) == 0) {
+        snprintf(spec_item, ss, "budget=%s", item);
+        snprintf(label, ls, "%s", item);
+        return 0;
+    } else if (kvs_parse_i64(item, INT64_MIN, INT64_MAX, &count) == 0) {
+        cli_error(cmd, "--budget %s: a bare whole number is ambiguous; write %s%% (or a fraction "
+                       "with a point) for a share of the prompt, or slots=%s for %s slots per "
+                       "layer and KV head", item, item, item, item);
+        return -1;
+    }
+    cli_error(cmd, "--budget %s: expected a fraction of the prompt (0.25 or 25%%) or a slot "
+                   "count (slots=96)", item);
+    return -1;
+}
+
+/* The table's budget label of a spec that carries its own budget: the value as the user typed
+ * it ("0.1", "25%"; a slot count as its number). */
+static void own_budget_label(const char *spec, char *label, size_t size)
+{
+    snprintf(label, size, "-");
+    const char *colon = strchr(spec, ':');
+    for (const char *p = colon ? colon + 1 : ""; *p;) {
+        size_t item = strcspn(p, ",");
+        if (is_budget_item(p)) {
+            const char *v = strchr(p, '=') + 1;
+            snprintf(label, size, "%.*s", (int)(item - (size_t)(v - p)), v);
+        }
+        p += item;
+        if (*p == ',')
+            p++;
+    }
 }
 
 static const kvs_policy_type *spec_type(const char *spec)
@@ -135,7 +192,7 @@ static const kvs_policy_type *spec_type(const char *spec)
     return kvs_policy_find(name);
 }
 
-/* The policy column: the canonical spec without the budget item. */
+/* The policy column: the canonical spec without its budget item. */
 static void policy_label(const kvs_eval_result *r, char *buf, size_t size)
 {
     const char *colon = strchr(r->params, ':');
@@ -145,7 +202,7 @@ static void policy_label(const kvs_eval_result *r, char *buf, size_t size)
     char sep = ':';
     for (const char *p = colon ? colon + 1 : ""; *p && len < size;) {
         size_t item = strcspn(p, ",");
-        if (strncmp(p, "budget=", 7) != 0) {
+        if (!is_budget_item(p)) {
             len += (size_t)snprintf(buf + len, size - len, "%c%.*s", sep, (int)item, p);
             sep = ',';
         }
@@ -322,332 +379,395 @@ static const char *base_name(const char *path)
     return s ? s + 1 : path;
 }
 
-int cmd_eval(int argc, char **argv)
-{
-    const char *cmd = "eval", *model_path = NULL, *tokens_path = NULL, *kv_type = NULL;
-    const char *json_path = NULL, *csv_path = NULL, *plot_path = NULL, *v;
-    int threads = cli_default_threads(), chunk = 0, prompt_len = -1, equal_memory = 0;
-    list specs = {0}, budgets = {0};
-    int rc = CLI_USAGE;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-#define VALUE() (v = cli_value(cmd, argc, argv, &i))
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs(help, stdout);
-            rc = CLI_OK;
-            goto out;
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (!(model_path = VALUE()))
-                goto out;
-        } else if (!strcmp(a, "--tokens")) {
-            if (!(tokens_path = VALUE()))
-                goto out;
-        } else if (!strcmp(a, "--prompt-len")) {
-            if (!VALUE() || cli_int(cmd, a, v, 1, 1 << 24, &prompt_len))
-                goto out;
-        } else if (!strcmp(a, "--kv")) {
-            if (!VALUE())
-                goto out;
-            if (!strcmp(v, "help")) {
-                kvs_kv_policy_help(stdout);
-                rc = CLI_OK;
-                goto out;
-            }
-            int is_list = strchr(v, ',') && !strchr(v, '=') && !strchr(v, ':');
-            if (is_list ? split(cmd, "--kv", v, &specs) != 0
-                        : list_add(&specs, v, strlen(v)) != 0)
-                goto out;
-        } else if (!strcmp(a, "--budget")) {
-            if (!VALUE() || split(cmd, "--budget", v, &budgets) != 0)
-                goto out;
-        } else if (!strcmp(a, "--equal-memory")) {
-            equal_memory = 1;
-        } else if (!strcmp(a, "--kv-type")) {
-            if (!(kv_type = VALUE()))
-                goto out;
-            if (strcmp(kv_type, "f32") && strcmp(kv_type, "f16")) {
-                cli_error(cmd, "--kv-type: unknown type '%s' (f32 or f16)", kv_type);
-                goto out;
-            }
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            if (!VALUE() || cli_int(cmd, a, v, 1, 256, &threads))
-                goto out;
-        } else if (!strcmp(a, "--chunk")) {
-            if (!VALUE() || cli_int(cmd, a, v, 1, 1 << 20, &chunk))
-                goto out;
-        } else if (!strcmp(a, "--json")) {
-            if (!(json_path = VALUE()))
-                goto out;
-        } else if (!strcmp(a, "--csv")) {
-            if (!(csv_path = VALUE()))
-                goto out;
-        } else if (!strcmp(a, "--plot")) {
-            if (!(plot_path = VALUE()))
-                goto out;
-        } else {
-            rc = cli_bad_arg(cmd, a);
-            goto out;
-        }
-#undef VALUE
-    }
-    if (!model_path || !tokens_path || prompt_len < 0 || specs.n == 0) {
-        cli_error(cmd, "needs -m MODEL, --tokens FILE, --prompt-len N and at least one --kv SPEC "
-                       "(see --help)");
-        goto out;
-    }
+/* Everything one eval holds. */
+typedef struct eval_state {
+    const char *model_path, *tokens_path, *kv_type, *json_path, *csv_path, *plot_path;
+    int prompt_len, equal_memory;
+    list specs, budgets;
+    list jobs, labels; /* the planned runs, spec-major: spec s at budget b is s * nb + b */
+    list evicting;     /* specs of evicting policies, for --equal-memory */
+    int32_t *ids;
+    int n_ids;
+    kvs_model *m;
+    kvs_eval_setup setup;
+    kvs_eval_ref ref;
+    row_list rows;
+    progress_ctx pc;
+    kvs_error err;
+    /* Destinations: a regular file is rewritten after every run; a FIFO, device or stdout
+     * ("through") gets one document, at the end. */
+    kvs_outfile_input inputs[2];
+    kvs_outfile_spec json_out, csv_out, plot_out;
+    kvs_outfile_kind json_kind, csv_kind;
+} eval_state;
 
-    /* The runs, checked before any work: each non-full spec at each budget (or its own). */
-    list jobs = {0}, labels = {0};
-    list evicting = {0}; /* specs of evicting policies, for --equal-memory */
-    kvs_error err = {0};
-    for (int s = 0; s < specs.n; s++) {
-        const char *spec = specs.items[s];
+static void eval_free(eval_state *e)
+{
+    list_free(&e->specs);
+    list_free(&e->budgets);
+    list_free(&e->jobs);
+    list_free(&e->labels);
+    list_free(&e->evicting);
+    free(e->ids);
+    kvs_eval_ref_free(&e->ref);
+    kvs_model_free(e->m);
+    free(e->rows.v);
+}
+
+/* Splits a comma-separated value (items are non-empty: the flag table checked). */
+static int split(const char *v, list *out)
+{
+    for (const char *p = v;;) {
+        size_t len = strcspn(p, ",");
+        if (list_add(out, p, len) != 0)
+            return -1;
+        p += len;
+        if (!*p++)
+            return 0;
+    }
+}
+
+/* --kv values (a spec, or a list of bare names) and the --budget items. */
+static int collect_specs(const char *cmd, const cli_args *a, eval_state *e)
+{
+    const char *v;
+    for (int k = 0; (v = cli_each(a, FL_KV, k)); k++) {
+        int is_list = strchr(v, ',') && !strchr(v, '=') && !strchr(v, ':');
+        if (is_list && (v[0] == ',' || strstr(v, ",,") || v[strlen(v) - 1] == ',')) {
+            cli_error(cmd, "--kv '%s': empty item in the list", v);
+            return CLI_USAGE;
+        }
+        if (is_list ? split(v, &e->specs) != 0 : list_add(&e->specs, v, strlen(v)) != 0) {
+            cli_error(cmd, "out of memory");
+            return CLI_FAIL;
+        }
+    }
+    if (a->given[FL_BUDGET] && split(a->str[FL_BUDGET], &e->budgets) != 0) {
+        cli_error(cmd, "out of memory");
+        return CLI_FAIL;
+    }
+    return CLI_OK;
+}
+
+/* A spec the parser refused, in the user's terms: the parser names the spec it was given
+ * ("--kv h2o:budget=1.5: ..."), which with --budget is one the user never typed. */
+static void budget_error(const char *cmd, const eval_state *e, const char *spec, const char *use,
+                         const char *budget)
+{
+    char prefix[600];
+    int len = snprintf(prefix, sizeof prefix, "--kv %s: ", use);
+    if (!budget || strncmp(e->err.msg, prefix, (size_t)len) != 0) {
+        cli_error(cmd, "%s", e->err.msg);
+        return;
+    }
+    cli_error(cmd, "--kv %s with --budget %s: %s", spec, budget, e->err.msg + len);
+}
+
+/* The runs: each non-full spec at each budget (or its own); every spec parses. */
+static int plan_jobs(const char *cmd, eval_state *e)
+{
+    for (int s = 0; s < e->specs.n; s++) {
+        const char *spec = e->specs.items[s];
         const kvs_policy_type *t = spec_type(spec);
-        if (t && t->kind == KVS_KIND_FULL) {
-            /* The reference is always run; a full spec only has to parse. */
-            if (kvs_kv_policy_check(spec, &err) != KVS_OK) {
-                cli_error(cmd, "%s", err.msg);
-                goto out_jobs;
+        if (t && t->kind == KVS_KIND_FULL) { /* the reference is always run; it only parses */
+            if (kvs_kv_policy_check(spec, &e->err) != KVS_OK) {
+                cli_error(cmd, "%s", e->err.msg);
+                return CLI_USAGE;
             }
             continue;
         }
-        int nb = budgets.n ? budgets.n : 1;
+        int nb = e->budgets.n ? e->budgets.n : 1;
         for (int b = 0; b < nb; b++) {
-            char text[512];
+            char text[512], item[128], label[48];
             const char *use = spec;
-            if (budgets.n) {
-                if (with_budget(spec, budgets.items[b], text, sizeof text) != 0) {
+            if (e->budgets.n) {
+                if (budget_item(cmd, e->budgets.items[b], item, sizeof item, label,
+                                sizeof label) != 0)
+                    return CLI_USAGE;
+                if (with_budget(spec, item, text, sizeof text) != 0) {
                     cli_error(cmd, "--kv %s: spec too long", spec);
-                    goto out_jobs;
+                    return CLI_USAGE;
                 }
                 use = text;
+            } else {
+                own_budget_label(spec, label, sizeof label);
             }
             kvs_policy_spec parsed;
-            if (kvs_policy_parse(use, &parsed, &err) != KVS_OK) {
-                cli_error(cmd, "%s", err.msg);
-                goto out_jobs;
+            if (kvs_policy_parse(use, &parsed, &e->err) != KVS_OK) {
+                budget_error(cmd, e, spec, use, e->budgets.n ? e->budgets.items[b] : NULL);
+                return CLI_USAGE;
             }
-            char label[48];
-            if (budgets.n)
-                snprintf(label, sizeof label, "%.40s", budgets.items[b]);
-            else
-                snprintf(label, sizeof label, "%g", parsed.budget);
-            if (list_add(&jobs, use, strlen(use)) || list_add(&labels, label, strlen(label))) {
-                cli_error(cmd, "out of memory");
-                goto out_jobs;
-            }
+            if (list_add(&e->jobs, use, strlen(use)) ||
+                list_add(&e->labels, label, strlen(label)))
+                goto nomem;
         }
-        if (t && t->kind == KVS_KIND_EVICTING && list_add(&evicting, spec, strlen(spec))) {
-            cli_error(cmd, "out of memory");
-            goto out_jobs;
-        }
+        if (t && t->kind == KVS_KIND_EVICTING && list_add(&e->evicting, spec, strlen(spec)))
+            goto nomem;
     }
-    if (equal_memory && evicting.n == 0) {
+    if (e->equal_memory && e->evicting.n == 0) {
         int n_types;
         const kvs_policy_type *const *types = kvs_policy_types(&n_types);
         for (int i = 0; i < n_types; i++)
             if (types[i]->kind == KVS_KIND_EVICTING &&
-                list_add(&evicting, types[i]->name, strlen(types[i]->name))) {
-                cli_error(cmd, "out of memory");
-                goto out_jobs;
-            }
+                list_add(&e->evicting, types[i]->name, strlen(types[i]->name)))
+                goto nomem;
     }
-    const kvs_outfile_input inputs[] = {{"-m", model_path}, {"--tokens", tokens_path}};
-    kvs_outfile_spec json_out = cli_output("--json", json_path, inputs, 2),
-                     csv_out = cli_output("--csv", csv_path, inputs, 2),
-                     plot_out = cli_output("--plot", plot_path, inputs, 2);
-    if ((json_path && cli_check_output(cmd, &json_out, NULL) != 0) ||
-        (csv_path && cli_check_output(cmd, &csv_out, NULL) != 0) ||
-        (plot_path && cli_check_output(cmd, &plot_out, NULL) != 0)) {
-        rc = CLI_FAIL;
-        goto out_jobs;
-    }
-    rc = CLI_FAIL;
-    if (plot_path && kvs_eval_plot_check(&err) != KVS_OK) {
-        cli_error(cmd, "--plot: %s", err.msg);
-        goto out_jobs;
-    }
+    return CLI_OK;
+nomem:
+    cli_error(cmd, "out of memory");
+    return CLI_FAIL;
+}
 
-    int32_t *ids = NULL;
-    int n_ids = 0;
-    if (cli_read_tokens(cmd, tokens_path, &ids, &n_ids) != 0)
-        goto out_jobs;
-    if (prompt_len > n_ids - 2) {
-        cli_error(cmd, "--prompt-len %d is out of range: %s has %d tokens, so the prompt must "
+/* The token file against --prompt-len, the model, and every planned run against both. */
+static int load_and_check(const char *cmd, const cli_args *a, eval_state *e, int threads)
+{
+    if (cli_read_tokens(cmd, e->tokens_path, &e->ids, &e->n_ids) != 0)
+        return CLI_FAIL;
+    if (e->n_ids < 3) {
+        cli_error(cmd, "%s has %d token%s; eval needs at least 3: a prompt and two more (one to "
+                       "feed, one to score)", e->tokens_path, e->n_ids, e->n_ids == 1 ? "" : "s");
+        return CLI_USAGE;
+    }
+    if (e->prompt_len > e->n_ids - 2) {
+        cli_error(cmd, "--prompt-len %s is out of range: %s has %d tokens, so the prompt must "
                        "be 1..%d (at least one scored row needs two tokens after it)",
-                  prompt_len, tokens_path, n_ids, n_ids - 2 > 0 ? n_ids - 2 : 0);
-        rc = CLI_USAGE;
-        free(ids);
-        goto out_jobs;
+                  a->str[FL_PROMPT_LEN], e->tokens_path, e->n_ids, e->n_ids - 2);
+        return CLI_USAGE;
     }
+    e->setup = (kvs_eval_setup){.tokens = e->ids, .n_tokens = e->n_ids,
+                                .prompt_len = e->prompt_len, .n_threads = threads,
+                                .chunk = cli_get_int(a, FL_CHUNK, 0), .kv_type = e->kv_type,
+                                .progress = on_progress, .progress_ctx = &e->pc};
+    kvs_status st;
+    if ((st = kvs_model_load(e->model_path, &e->m, &e->err)) != KVS_OK) {
+        cli_error(cmd, "%s", e->err.msg);
+        return cli_status_exit(st);
+    }
+    if ((st = kvs_eval_check_setup(e->m, &e->setup, &e->err)) != KVS_OK) {
+        /* name the token file, unless the message already does */
+        if (strstr(e->err.msg, e->tokens_path))
+            cli_error(cmd, "%s", e->err.msg);
+        else
+            cli_error(cmd, "%s: %s", e->tokens_path, e->err.msg);
+        return cli_status_exit(st);
+    }
+    for (int j = 0; j < e->jobs.n; j++)
+        if ((st = kvs_eval_check_policy(e->m, &e->setup, e->jobs.items[j], &e->err)) != KVS_OK) {
+            cli_error(cmd, "%s", e->err.msg);
+            return cli_status_exit(st);
+        }
+    return CLI_OK;
+}
 
-    kvs_model *m = NULL;
-    kvs_eval_ref ref = {0};
-    row *rows = NULL;
-    int n_rows = 0, cap_rows = 0;
-    char *json = NULL, *csv = NULL;
-    void *png = NULL;
-    size_t json_len = 0, csv_len = 0, png_len = 0;
-    progress_ctx pc;
-    kvs_eval_setup setup = {.tokens = ids, .n_tokens = n_ids, .prompt_len = prompt_len,
-                            .n_threads = threads, .chunk = chunk, .kv_type = kv_type,
-                            .progress = on_progress, .progress_ctx = &pc};
-    err.msg[0] = 0;
-    if (kvs_model_load(model_path, &m, &err) != KVS_OK)
-        goto fail;
-    if (kvs_eval_check_setup(m, &setup, &err) != KVS_OK) {
-        /* name the file for token problems */
-        cli_error(cmd, "%s: %s", tokens_path, err.msg);
-        err.msg[0] = 0;
-        goto fail;
+/* Rewrites --json and --csv with every row so far (final: the last call; "through"
+ * destinations are written only then). */
+static int save_rows(const char *cmd, const eval_state *e, int final)
+{
+    char *buf;
+    size_t len;
+    if (e->json_path && (final || e->json_kind != KVS_OUTFILE_THROUGH)) {
+        if (!(buf = to_json(e->rows.v, e->rows.n, &len))) {
+            cli_error(cmd, "out of memory");
+            return -1;
+        }
+        int rc = cli_write_output(cmd, &e->json_out, buf, len);
+        free(buf);
+        if (rc != 0)
+            return -1;
     }
+    if (e->csv_path && (final || e->csv_kind != KVS_OUTFILE_THROUGH)) {
+        if (!(buf = to_csv(e->rows.v, e->rows.n, &len))) {
+            cli_error(cmd, "out of memory");
+            return -1;
+        }
+        int rc = cli_write_output(cmd, &e->csv_out, buf, len);
+        free(buf);
+        if (rc != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* One run (spec NULL: the reference) appended as a row, saved, and reported on stderr. */
+static int run_one(const char *cmd, eval_state *e, const char *spec, const char *tag,
+                   row *rw)
+{
+    snprintf(e->pc.label, sizeof e->pc.label, "eval %s %.280s", tag, spec ? spec : "full");
+    kvs_status st = spec ? kvs_eval_policy(e->m, &e->setup, &e->ref, spec, &rw->r, &e->err)
+                         : kvs_eval_reference(e->m, &e->setup, &e->ref, &rw->r, &e->err);
+    if (st != KVS_OK) {
+        cli_progress_end();
+        cli_error(cmd, "%s", e->err.msg);
+        return cli_status_exit(st);
+    }
+    cli_progress_line("eval %s %s done in %.1f s", tag, spec ? spec : "full", rw->r.seconds);
+    if (rows_append(&e->rows, rw) != 0) {
+        cli_error(cmd, "out of memory");
+        return CLI_FAIL;
+    }
+    return save_rows(cmd, e, 0) == 0 ? CLI_OK : CLI_FAIL;
+}
+
+/* --equal-memory after one budget group (rows first..last-1): each evicting policy at the slot
+ * count each one-shot run attended; equal counts of several one-shot runs share a row. */
+static int run_equal_memory(const char *cmd, eval_state *e, int first, int last)
+{
+    int group_end = e->rows.n;
+    for (int k = first; k < last; k++) {
+        if (e->rows.v[k].r.kind != KVS_KIND_ONE_SHOT)
+            continue;
+        int slots = (int)floor(e->rows.v[k].r.slots_attended_mean + 0.5);
+        char item[32];
+        snprintf(item, sizeof item, "slots=%d", slots);
+        for (int s = 0; s < e->evicting.n; s++) {
+            char text[512];
+            if (with_budget(e->evicting.items[s], item, text, sizeof text) != 0) {
+                cli_error(cmd, "--kv %s: spec too long", e->evicting.items[s]);
+                return CLI_USAGE;
+            }
+            kvs_policy_spec parsed;
+            kvs_status st = kvs_policy_parse(text, &parsed, &e->err);
+            if (st != KVS_OK) {
+                cli_error(cmd, "%s", e->err.msg);
+                return cli_status_exit(st);
+            }
+            int prev = -1;
+            for (int q = group_end; q < e->rows.n && prev < 0; q++)
+                if (!strcmp(e->rows.v[q].r.params, parsed.text))
+                    prev = q;
+            if (prev >= 0) {
+                row *p = &e->rows.v[prev];
+                size_t len = strlen(p->eq_of);
+                snprintf(p->eq_of + len, sizeof p->eq_of - len, " %s", e->rows.v[k].r.params);
+                if (save_rows(cmd, e, 0) != 0)
+                    return CLI_FAIL;
+                continue;
+            }
+            row rw = {.eq = 1};
+            snprintf(rw.label, sizeof rw.label, "eq:%d", slots);
+            snprintf(rw.eq_of, sizeof rw.eq_of, "%s", e->rows.v[k].r.params);
+            int rc = run_one(cmd, e, text, "[equal memory]", &rw);
+            if (rc != CLI_OK)
+                return rc;
+        }
+    }
+    return CLI_OK;
+}
+
+static int make_plot(const char *cmd, const eval_state *e)
+{
+    int n = e->rows.n;
+    kvs_eval_result *res = malloc(sizeof *res * (size_t)n);
+    int *eq = malloc(sizeof *eq * (size_t)n);
+    void *png = NULL;
+    size_t png_len = 0;
+    kvs_error err = {0};
+    kvs_status st = KVS_ERR_NOMEM;
+    if (res && eq) {
+        for (int i = 0; i < n; i++) {
+            res[i] = e->rows.v[i].r;
+            eq[i] = e->rows.v[i].eq;
+        }
+        char title[512];
+        snprintf(title, sizeof title, "kvslim eval: %.150s, %.150s, prompt %d of %d tokens, "
+                 "KV %s", base_name(e->model_path), base_name(e->tokens_path), e->prompt_len,
+                 e->n_ids, e->kv_type ? e->kv_type : "f32");
+        st = kvs_eval_plot(res, eq, n, title, &png, &png_len, &err);
+    } else {
+        kvs_fail(&err, KVS_ERR_NOMEM, "out of memory");
+    }
+    free(res);
+    free(eq);
+    int rc = CLI_OK;
+    if (st != KVS_OK) {
+        cli_error(cmd, "--plot %s: %s", e->plot_path, err.msg);
+        rc = CLI_FAIL;
+    } else if (cli_write_output(cmd, &e->plot_out, png, png_len) != 0) {
+        rc = CLI_FAIL;
+    }
+    free(png);
+    return rc;
+}
+
+static int eval(const cli_args *a)
+{
+    const char *cmd = "eval";
+    eval_state e = {0};
+    e.model_path = a->str[FL_MODEL];
+    e.tokens_path = a->str[FL_TOKENS];
+    e.kv_type = a->str[FL_KV_TYPE];
+    e.json_path = a->str[FL_JSON];
+    e.csv_path = a->str[FL_CSV];
+    e.plot_path = a->str[FL_PLOT];
+    e.prompt_len = cli_get_int(a, FL_PROMPT_LEN, -1);
+    e.equal_memory = a->given[FL_EQUAL_MEMORY] > 0;
+    if (!e.model_path || !e.tokens_path || e.prompt_len < 0 || !a->given[FL_KV]) {
+        cli_error(cmd, "needs -m MODEL, --tokens FILE, --prompt-len N and at least one --kv SPEC "
+                       "(see --help)");
+        return CLI_USAGE;
+    }
+    int rc = collect_specs(cmd, a, &e);
+    if (rc == CLI_OK)
+        rc = plan_jobs(cmd, &e);
+    e.inputs[0] = (kvs_outfile_input){"-m", e.model_path};
+    e.inputs[1] = (kvs_outfile_input){"--tokens", e.tokens_path};
+    e.json_out = cli_output("--json", e.json_path, e.inputs, 2);
+    e.csv_out = cli_output("--csv", e.csv_path, e.inputs, 2);
+    e.plot_out = cli_output("--plot", e.plot_path, e.inputs, 2);
+    if (rc == CLI_OK && ((e.json_path && cli_check_output(cmd, &e.json_out, &e.json_kind)) ||
+                         (e.csv_path && cli_check_output(cmd, &e.csv_out, &e.csv_kind)) ||
+                         (e.plot_path && cli_check_output(cmd, &e.plot_out, NULL))))
+        rc = CLI_FAIL;
+    if (rc == CLI_OK && e.plot_path && kvs_eval_plot_check(&e.err) != KVS_OK) {
+        cli_error(cmd, "--plot: %s", e.err.msg);
+        rc = CLI_FAIL;
+    }
+    if (rc == CLI_OK)
+        rc = load_and_check(cmd, a, &e, cli_threads(a));
 
     /* Rows: the reference, then per budget group its runs followed by its equal-memory runs. */
-    int total = 1 + jobs.n;
-    cap_rows = total + 8;
-    if (!(rows = calloc((size_t)cap_rows, sizeof *rows))) {
-        snprintf(err.msg, sizeof err.msg, "out of memory");
-        goto fail;
+    int total = 1 + e.jobs.n, done = 0;
+    char tag[48];
+    if (rc == CLI_OK) {
+        row rw = {.label = "-"};
+        snprintf(tag, sizeof tag, "[%d/%d]", ++done, total);
+        rc = run_one(cmd, &e, NULL, tag, &rw);
     }
-    snprintf(pc.label, sizeof pc.label, "eval [1/%d] full", total);
-    if (kvs_eval_reference(m, &setup, &ref, &rows[0].r, &err) != KVS_OK)
-        goto fail;
-    cli_progress_end();
-    snprintf(rows[0].label, sizeof rows[0].label, "-");
-    n_rows = 1;
-
-    int nb = budgets.n ? budgets.n : 1;
-    int per_budget = jobs.n / nb; /* jobs are spec-major: spec s, budget b at s * nb + b */
-    int done = 1;
-    for (int b = 0; b < nb; b++) {
-        int group_start = n_rows;
-        for (int s = 0; s < per_budget; s++) {
+    int nb = e.budgets.n ? e.budgets.n : 1, per_budget = e.jobs.n / nb;
+    for (int b = 0; b < nb && rc == CLI_OK; b++) {
+        int group_start = e.rows.n;
+        for (int s = 0; s < per_budget && rc == CLI_OK; s++) {
             int j = s * nb + b;
-            snprintf(pc.label, sizeof pc.label, "eval [%d/%d] %.280s", ++done, total,
-                     jobs.items[j]);
-            row *rw = &rows[n_rows];
-            memset(rw, 0, sizeof *rw);
-            if (kvs_eval_policy(m, &setup, &ref, jobs.items[j], &rw->r, &err) != KVS_OK)
-                goto fail;
-            cli_progress_end();
-            snprintf(rw->label, sizeof rw->label, "%s", labels.items[j]);
-            n_rows++;
+            row rw = {0};
+            snprintf(rw.label, sizeof rw.label, "%s", e.labels.items[j]);
+            snprintf(tag, sizeof tag, "[%d/%d]", ++done, total);
+            rc = run_one(cmd, &e, e.jobs.items[j], tag, &rw);
         }
-        if (!equal_memory)
-            continue;
-        int group_end = n_rows;
-        for (int k = group_start; k < group_end; k++) {
-            if (rows[k].r.kind != KVS_KIND_ONE_SHOT)
-                continue;
-            int slots = (int)floor(rows[k].r.slots_attended_mean + 0.5);
-            char count[32];
-            snprintf(count, sizeof count, "%d", slots);
-            for (int e = 0; e < evicting.n; e++) {
-                char text[512];
-                if (with_budget(evicting.items[e], count, text, sizeof text) != 0) {
-                    snprintf(err.msg, sizeof err.msg, "--kv %s: spec too long",
-                             evicting.items[e]);
-                    goto fail;
-                }
-                if (n_rows == cap_rows) {
-                    row *nr = realloc(rows, sizeof *rows * (size_t)(cap_rows *= 2));
-                    if (!nr) {
-                        snprintf(err.msg, sizeof err.msg, "out of memory");
-                        goto fail;
-                    }
-                    rows = nr;
-                }
-                /* Equal slot counts of several one-shot runs give one row naming them all. */
-                kvs_policy_spec parsed;
-                if (kvs_policy_parse(text, &parsed, &err) != KVS_OK)
-                    goto fail;
-                int prev = -1;
-                for (int q = group_end; q < n_rows && prev < 0; q++)
-                    if (!strcmp(rows[q].r.params, parsed.text))
-                        prev = q;
-                if (prev >= 0) {
-                    size_t len = strlen(rows[prev].eq_of);
-                    snprintf(rows[prev].eq_of + len, sizeof rows[prev].eq_of - len, " %s",
-                             rows[k].r.params);
-                    continue;
-                }
-                row *rw = &rows[n_rows];
-                memset(rw, 0, sizeof *rw);
-                snprintf(pc.label, sizeof pc.label, "eval [equal memory] %.280s", text);
-                if (kvs_eval_policy(m, &setup, &ref, text, &rw->r, &err) != KVS_OK)
-                    goto fail;
-                cli_progress_end();
-                rw->eq = 1;
-                snprintf(rw->label, sizeof rw->label, "eq:%d", slots);
-                snprintf(rw->eq_of, sizeof rw->eq_of, "%s", rows[k].r.params);
-                n_rows++;
-            }
-        }
+        if (rc == CLI_OK && e.equal_memory)
+            rc = run_equal_memory(cmd, &e, group_start, e.rows.n);
     }
-
-    /* Everything is computed; build every output before writing any. */
-    if (json_path && !(json = to_json(rows, n_rows, &json_len))) {
-        snprintf(err.msg, sizeof err.msg, "out of memory");
-        goto fail;
+    if (rc == CLI_OK) {
+        printf("kvslim eval: %s, %s: %d tokens, prompt %d, %d scored rows, KV %s\n\n",
+               base_name(e.model_path), base_name(e.tokens_path), e.n_ids, e.prompt_len,
+               e.ref.n_rows, e.kv_type ? e.kv_type : "f32");
+        print_table(stdout, e.rows.v, e.rows.n);
+        fflush(stdout);
+        if (save_rows(cmd, &e, 1) != 0)
+            rc = CLI_FAIL;
+        if (rc == CLI_OK && e.plot_path)
+            rc = make_plot(cmd, &e);
     }
-    if (csv_path && !(csv = to_csv(rows, n_rows, &csv_len))) {
-        snprintf(err.msg, sizeof err.msg, "out of memory");
-        goto fail;
-    }
-    if (plot_path) {
-        kvs_eval_result *res = malloc(sizeof *res * (size_t)n_rows);
-        int *eq = malloc(sizeof *eq * (size_t)n_rows);
-        kvs_status st = KVS_ERR_NOMEM;
-        if (res && eq) {
-            for (int i = 0; i < n_rows; i++) {
-                res[i] = rows[i].r;
-                eq[i] = rows[i].eq;
-            }
-            char title[512];
-            snprintf(title, sizeof title, "kvslim eval: %.150s, %.150s, prompt %d of %d tokens, "
-                     "KV %s", base_name(model_path), base_name(tokens_path), prompt_len, n_ids,
-                     kv_type ? kv_type : "f32");
-            st = kvs_eval_plot(res, eq, n_rows, ref.kv_bytes_mean, title, &png, &png_len, &err);
-        } else {
-            snprintf(err.msg, sizeof err.msg, "out of memory");
-        }
-        free(res);
-        free(eq);
-        if (st != KVS_OK) {
-            cli_error(cmd, "--plot %s: %s", plot_path, err.msg);
-            err.msg[0] = 0;
-            goto fail;
-        }
-    }
-
-    printf("kvslim eval: %s, %s: %d tokens, prompt %d, %d scored rows, KV %s\n\n",
-           base_name(model_path), base_name(tokens_path), n_ids, prompt_len, ref.n_rows,
-           kv_type ? kv_type : "f32");
-    print_table(stdout, rows, n_rows);
-    fflush(stdout);
-    err.msg[0] = 0;
-    if ((json && cli_write_output(cmd, &json_out, json, json_len) != 0) ||
-        (csv && cli_write_output(cmd, &csv_out, csv, csv_len) != 0) ||
-        (png && cli_write_output(cmd, &plot_out, png, png_len) != 0))
-        goto fail;
-    rc = CLI_OK;
-fail:
     cli_progress_end();
-    if (rc != CLI_OK && err.msg[0])
-        cli_error(cmd, "%s", err.msg);
-    free(json);
-    free(csv);
-    free(png);
-    free(rows);
-    kvs_eval_ref_free(&ref);
-    kvs_model_free(m);
-    free(ids);
-out_jobs:
-    list_free(&jobs);
-    list_free(&labels);
-    list_free(&evicting);
-out:
-    list_free(&specs);
-    list_free(&budgets);
+    eval_free(&e);
+    return rc;
+}
+
+int cmd_eval(int argc, char **argv)
+{
+    cli_args a;
+    int rc = cli_parse(&eval_cmd, argc, argv, &a);
+    if (rc < 0)
+        rc = eval(&a);
+    cli_args_free(&a);
     return rc;
 }

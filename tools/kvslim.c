@@ -4,6 +4,10 @@
 
 #include "cli.h"
 
+#ifndef KVS_VERSION
+#define KVS_VERSION "unknown"
+#endif
+
 static const struct {
     const char *name;
     int (*fn)(int, char **);
@@ -23,6 +27,7 @@ static void usage(FILE *f)
                "commands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\nkvslim --version prints the version.\n");
 }
 
 int main(int argc, char **argv)
@@ -30,6 +35,10 @@ int main(int argc, char **argv)
     if (argc < 2) {
         usage(stderr);
         return CLI_USAGE;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("kvslim %s\n", KVS_VERSION);
+        return CLI_OK;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);

@@ -217,6 +217,23 @@ kvs_status kvs_eval_reference(const kvs_model *m, const kvs_eval_setup *s, kvs_e
     return st;
 }
 
+kvs_status kvs_eval_check_policy(const kvs_model *m, const kvs_eval_setup *s, const char *spec,
+                                 kvs_error *err)
+{
+    kvs_session_params p = kvs_session_default_params();
+    p.n_threads = 1;
+    if (s->chunk > 0)
+        p.chunk = s->chunk;
+    p.kv_policy = spec;
+    p.kv_type = s->kv_type;
+    kvs_session *sess = NULL;
+    kvs_status st = kvs_session_new(m, &p, &sess, err);
+    if (st == KVS_OK) /* the policy's start hook sees the budget and the prompt length here */
+        st = kvs_kv_begin_prompt(kvs_session_kv(sess), s->prompt_len, err);
+    kvs_session_free(sess);
+    return st;
+}
+
 kvs_status kvs_eval_policy(const kvs_model *m, const kvs_eval_setup *s, const kvs_eval_ref *ref,
                            const char *spec, kvs_eval_result *res, kvs_error *err)
 {

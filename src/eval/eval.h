@@ -89,11 +89,17 @@ int kvs_eval_argmax(const float *x, int n);
 /* ---- plot (plot.c) ---- */
 /* Is gnuplot on PATH? If not, err says how to install it. */
 kvs_status kvs_eval_plot_check(kvs_error *err);
-/* Draws KL and top-1 against mean KV bytes relative to the full cache (ref_kv_bytes_mean), one
- * line per policy across budgets; rows with equal_memory[i] set are drawn as separate point
- * series. Runs gnuplot in a temporary directory; *png (malloc'd) receives the image. */
+/* Draws KL and top-1 against mean KV bytes relative to a full F16 cache of the same tokens
+ * (kv_bytes_mean / kv_bytes_full_f16, as the table), one line per policy across budgets; rows
+ * with equal_memory[i] set are drawn as separate point series. Runs gnuplot in a temporary
+ * directory; *png (malloc'd) receives the image. */
 kvs_status kvs_eval_plot(const kvs_eval_result *r, const int *equal_memory, int n,
-                         double ref_kv_bytes_mean, const char *title, void **png,
-                         size_t *png_len, kvs_error *err);
+                         const char *title, void **png, size_t *png_len, kvs_error *err);
+
+/* Checks a policy spec against the model and the prompt before any run: parses it, creates a
+ * session and starts a prompt of setup->prompt_len tokens, so budget and parameter limits that
+ * depend on the model or the prompt fail here (KVS_ERR_ARG) instead of after other runs. */
+kvs_status kvs_eval_check_policy(const kvs_model *m, const kvs_eval_setup *s, const char *spec,
+                                 kvs_error *err);
 
 #endif

@@ -1,0 +1,420 @@
+/* The option table of every subcommand and the one parser that reads it (see cli_flags.h). */
+#include "cli_flags.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "core/number.h"
+
+#ifndef KVS_VERSION
+#define KVS_VERSION "unknown"
+#endif
+
+typedef enum flag_kind {
+    K_NONE,   /* a switch */
+    K_INT,    /* a whole number in [min, max] */
+    K_FLOAT,  /* a decimal number in [min, max] */
+    K_U64,    /* a non-negative whole number (seeds) */
+    K_STRING, /* any non-empty text */
+    K_LIST,   /* comma-separated non-empty items */
+    K_WORD,   /* one of words */
+} flag_kind;
+
+typedef struct flag_def {
+    cli_flag_id id;
+    const char *shrt; /* "-m" or NULL */
+    const char *name; /* "--model" */
+    flag_kind kind;
+    const char *metavar;
+    unsigned cmds;
+    double min, max;
+    int repeatable;
+    const char *const *words; /* K_WORD: NULL-terminated */
+    const char *help;         /* may hold newlines; continuation lines are indented */
+} flag_def;
+
+#define ALL (CMD_RUN | CMD_LOGITS | CMD_TOKENIZE | CMD_CONVERT | CMD_BENCH | CMD_EVAL)
+#define SESSION (CMD_RUN | CMD_LOGITS | CMD_BENCH | CMD_EVAL)
+
+static const char *const kv_types[] = {"f32", "f16", NULL};
+static const char *const weight_types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", NULL};
+
+/* Rows appear in each command's --help in this order. */
+static const flag_def flags[] = {
+    {FL_MODEL, "-m", "--model", K_STRING, "MODEL", CMD_RUN | CMD_LOGITS | CMD_BENCH | CMD_EVAL,
+     0, 0, 0, NULL, "GGUF model (llama architecture)"},
+    {FL_MODEL, "-m", "--model", K_STRING, "MODEL", CMD_TOKENIZE, 0, 0, 0, NULL,
+     "GGUF model whose vocabulary to use"},
+    {FL_SYNTHETIC, NULL, "--synthetic", K_STRING, "SHAPE", CMD_BENCH, 0, 0, 0, NULL,
+     "random-weight llama model, SHAPE = comma-separated key=value of\n"
+     "dim, hidden, layers, heads, kv_heads, vocab, ctx, type (f32, f16,\n"
+     "bf16, q8_0, q4_0); e.g. dim=768,hidden=2048,layers=12,heads=12,\n"
+     "kv_heads=12,vocab=512,type=q8_0 (weights N(0, 0.02), seed fixed)"},
+    {FL_SAVE, NULL, "--save", K_STRING, "FILE.gguf", CMD_BENCH, 0, 0, 0, NULL,
+     "with --synthetic: keep the generated model as a GGUF file"},
+    {FL_PROMPT, "-p", "--prompt", K_STRING, "TEXT", CMD_RUN, 0, 0, 0, NULL,
+     "prompt text (BOS is prepended)"},
+    {FL_PROMPT, "-p", "--prompt", K_STRING, "TEXT", CMD_TOKENIZE, 0, 0, 0, NULL,
+     "text to tokenize"},
+    {FL_FILE, "-f", "--file", K_STRING, "FILE", CMD_RUN, 0, 0, 0, NULL,
+     "read the prompt from FILE"},
+    {FL_FILE, "-f", "--file", K_STRING, "FILE", CMD_TOKENIZE, 0, 0, 0, NULL,
+     "read the text from FILE"},
+    {FL_NO_BOS, NULL, "--no-bos", K_NONE, NULL, CMD_TOKENIZE, 0, 0, 0, NULL,
+     "do not prepend the BOS token"},
+    {FL_TOKENIZER, NULL, "--tokenizer", K_STRING, "TOK.bin", CMD_CONVERT, 0, 0, 0, NULL,
+     "llama2.c tokenizer file"},
+    {FL_OUT, "-o", "--output", K_STRING, "FILE", CMD_CONVERT, 0, 0, 0, NULL,
+     "GGUF file to write (written atomically)"},
+    {FL_TYPE, NULL, "--type", K_WORD, "TYPE", CMD_CONVERT, 0, 0, 0, weight_types,
+     "f32 (default), f16, bf16, q8_0 or q4_0 for weight matrices;\n"
+     "norms stay f32; a matrix whose rows do not divide into 32-element\n"
+     "blocks is stored as f16, with a note on stderr"},
+    {FL_TOKENS, NULL, "--tokens", K_STRING, "FILE", CMD_LOGITS, 0, 0, 0, NULL,
+     "token ids, one per line"},
+    {FL_TOKENS, NULL, "--tokens", K_STRING, "FILE", CMD_EVAL, 0, 0, 0, NULL,
+     "token ids, one per line (T of them)"},
+    {FL_OUT, "-o", "--out", K_STRING, "FILE", CMD_LOGITS, 0, 0, 0, NULL,
+     "output file (written atomically)"},
+    {FL_PROMPT_LEN, NULL, "--prompt-len", K_INT, "N", CMD_EVAL, 1, 1 << 24, 0, NULL,
+     "prompt tokens, 1 <= N <= T-2"},
+    {FL_N_PREDICT, "-n", "--n-predict", K_INT, "N", CMD_RUN, 0, 1 << 24, 0, NULL,
+     "tokens to generate (default 256); stops early at EOS or BOS"},
+    {FL_N_PROMPT, "-p", "--n-prompt", K_INT, "N", CMD_BENCH, 1, 1 << 22, 0, NULL,
+     "prompt tokens (default 512)"},
+    {FL_N_GEN, "-n", "--n-gen", K_INT, "N", CMD_BENCH, 0, 1 << 22, 0, NULL,
+     "generated tokens (default 128)"},
+    {FL_REPS, "-r", "--reps", K_INT, "N", CMD_BENCH, 1, 1000, 0, NULL,
+     "repetitions, reported as mean (default 1)"},
+    {FL_TEMP, NULL, "--temp", K_FLOAT, "T", CMD_RUN, 0, 100, 0, NULL,
+     "temperature (default 0.8); 0 = greedy"},
+    {FL_TOP_K, NULL, "--top-k", K_INT, "K", CMD_RUN, 0, 1 << 24, 0, NULL,
+     "keep the K most likely tokens (default 40; 0 = off)"},
+    {FL_TOP_P, NULL, "--top-p", K_FLOAT, "P", CMD_RUN, 0, 1, 0, NULL,
+     "nucleus sampling threshold (default 0.95; 1 = off)"},
+    {FL_SEED, NULL, "--seed", K_U64, "S", CMD_RUN, 0, 0, 0, NULL,
+     "sampling seed (default 42); same seed, same text"},
+    {FL_KV, NULL, "--kv", K_STRING, "SPEC", CMD_RUN | CMD_LOGITS | CMD_BENCH, 0, 0, 0, NULL,
+     "KV policy NAME[:key=value,...], e.g. h2o:budget=0.25 (default full);\n"
+     "budget=F (0 < F <= 1, with a decimal point) or budget=P% is a\n"
+     "fraction of the prompt, slots=N a slot count, per layer and KV head;\n"
+     "--kv help lists the policies and their parameters"},
+    {FL_KV, NULL, "--kv", K_STRING, "SPEC", CMD_EVAL, 0, 0, 1, NULL,
+     "a policy NAME[:key=value,...]; repeat for more; '--kv a,b,c' lists\n"
+     "bare names; '--kv help' lists the policies and their parameters"},
+    {FL_BUDGET, NULL, "--budget", K_LIST, "B1,B2,...", CMD_EVAL, 0, 0, 0, NULL,
+     "run every non-full policy at each budget (overrides a spec's own\n"
+     "budget=): a fraction of the prompt (0.25 or 25%) or a slot count\n"
+     "(slots=96)"},
+    {FL_EQUAL_MEMORY, NULL, "--equal-memory", K_NONE, NULL, CMD_EVAL, 0, 0, 0, NULL,
+     "also run each evicting policy given with --kv (all evicting\n"
+     "policies if none is) at slots = round(mean slots attended) of\n"
+     "every one-shot run; those rows have budget 'eq:<slots>' and\n"
+     "name the one-shot runs they match (equal_memory_of)"},
+    {FL_KV_TYPE, NULL, "--kv-type", K_WORD, "TYPE", SESSION, 0, 0, 0, kv_types,
+     "KV storage type: f32 (default) or f16"},
+    {FL_THREADS, "-t", "--threads", K_INT, "N", SESSION, 1, 256, 0, NULL,
+     "threads (default: online CPUs, at most 8; more than the online\n"
+     "CPUs are clamped to their number)"},
+    {FL_CTX, "-c", "--ctx", K_INT, "N", CMD_RUN, 1, 1 << 24, 0, NULL,
+     "context length (default: the model's; a larger one is used with a notice)"},
+    {FL_CONTEXT_SHIFT, NULL, "--context-shift", K_NONE, NULL, CMD_RUN, 0, 0, 0, NULL,
+     "position shifting: with an evicting --kv policy, re-rotate the kept\n"
+     "keys so generation goes on past the context in bounded memory"},
+    {FL_IGNORE_EOS, NULL, "--ignore-eos", K_NONE, NULL, CMD_RUN, 0, 0, 0, NULL,
+     "do not stop at an end-of-text (EOS or BOS) token: feed it back and go on\n"
+     "(stories260K then starts a new story), shown as a line break"},
+    {FL_CHUNK, NULL, "--chunk", K_INT, "N", SESSION, 1, 1 << 20, 0, NULL,
+     "prompt tokens per forward batch (default 512)"},
+    {FL_JSON, NULL, "--json", K_STRING, "OUT", CMD_EVAL, 0, 0, 0, NULL,
+     "results as a JSON array of objects (rewritten as each run ends)"},
+    {FL_CSV, NULL, "--csv", K_STRING, "OUT", CMD_EVAL, 0, 0, 0, NULL,
+     "results as CSV with a header line (rewritten as each run ends)"},
+    {FL_PLOT, NULL, "--plot", K_STRING, "OUT.png", CMD_EVAL, 0, 0, 0, NULL,
+     "KL and top-1 against mean KV bytes relative to a full F16\n"
+     "cache, one line per policy across budgets (needs gnuplot)"},
+    {FL_JSON, NULL, "--json", K_STRING, "FILE", CMD_BENCH, 0, 0, 0, NULL,
+     "write the results as JSON (fields: model, threads, n_prompt,\n"
+     "n_gen, prefill_tok_s, decode_tok_s, kv_bytes, peak_rss_bytes)"},
+    {FL_VERSION, NULL, "--version", K_NONE, NULL, ALL, 0, 0, 0, NULL, "print the version"},
+    {FL_HELP, "-h", "--help", K_NONE, NULL, ALL, 0, 0, 0, NULL, "this help"},
+};
+#define N_FLAGS (sizeof flags / sizeof flags[0])
+
+static const flag_def *find_long(unsigned bit, const char *name, size_t len)
+{
+    for (size_t k = 0; k < N_FLAGS; k++)
+        if ((flags[k].cmds & bit) && strlen(flags[k].name) == len &&
+            !strncmp(flags[k].name, name, len))
+            return &flags[k];
+    return NULL;
+}
+
+static const flag_def *find_short(unsigned bit, char c)
+{
+    for (size_t k = 0; k < N_FLAGS; k++)
+        if ((flags[k].cmds & bit) && flags[k].shrt && flags[k].shrt[1] == c)
+            return &flags[k];
+    return NULL;
+}
+
+/* "f32, f16" into buf. */
+static const char *word_list(const char *const *w, char *buf, size_t size)
+{
+    size_t n = 0;
+    buf[0] = 0;
+    for (; *w && n < size; w++)
+        n += (size_t)snprintf(buf + n, size - n, "%s%s", n ? ", " : "", *w);
+    return buf;
+}
+
+/* Checks and stores one value; prints the error and returns -1 if it is bad. */
+static int take_value(cli_args *a, const flag_def *d, const char *as, const char *v)
+{
+    const char *cmd = a->cmd->name;
+    char lo[32], hi[32];
+    kvs_format_number(lo, sizeof lo, d->min);
+    kvs_format_number(hi, sizeof hi, d->max);
+    switch (d->kind) {
+    case K_NONE:
+        break;
+    case K_INT: {
+        int64_t x;
+        if (kvs_parse_i64(v, (int64_t)d->min, (int64_t)d->max, &x) != 0) {
+            cli_error(cmd, "%s expects a whole number in [%s, %s], got '%s'", as, lo, hi, v);
+            return -1;
+        }
+        a->i[d->id] = x;
+        break;
+    }
+    case K_FLOAT: {
+        double x;
+        if (kvs_parse_f64(v, d->min, d->max, &x) != 0) {
+            cli_error(cmd, "%s expects a number in [%s, %s], got '%s'", as, lo, hi, v);
+            return -1;
+        }
+        a->f[d->id] = x;
+        break;
+    }
+    case K_U64: {
+        int64_t x;
+        if (kvs_parse_i64(v, 0, INT64_MAX, &x) != 0) {
+            cli_error(cmd, "%s expects a non-negative whole number, got '%s'", as, v);
+            return -1;
+        }
+        a->i[d->id] = x;
+        break;
+    }
+    case K_STRING:
+        if (!*v) {
+            cli_error(cmd, "%s needs a value (see kvslim %s --help)", as, cmd);
+            return -1;
+        }
+        break;
+    case K_LIST:
+        for (const char *p = v;; p++) {
+            size_t len = strcspn(p, ",");
+            if (len == 0) {
+                cli_error(cmd, "%s '%s': empty item in the list", as, v);
+                return -1;
+            }
+            p += len;
+            if (!*p)
+                break;
+        }
+        break;
+    case K_WORD: {
+        const char *const *w = d->words;
+        while (*w && strcmp(*w, v))
+            w++;
+        if (!*w) {
+            char list[128], noun[32];
+            size_t n = 0;
+            for (; d->metavar[n] && n + 1 < sizeof noun; n++)
+                noun[n] = (char)(d->metavar[n] | 0x20); /* "TYPE" -> "type" */
+            noun[n] = 0;
+            cli_error(cmd, "%s: unknown %s '%s' (expected %s)", as, noun, v,
+                      word_list(d->words, list, sizeof list));
+            return -1;
+        }
+        break;
+    }
+    }
+    a->str[d->id] = v;
+    return 0;
+}
+
+/* One occurrence of flag d, spelled as, with value v (NULL for a switch). */
+static int occurrence(cli_args *a, const flag_def *d, const char *as, const char *v)
+{
+    const char *cmd = a->cmd->name;
+    if (a->given[d->id] && !d->repeatable) {
+        if (strcmp(a->as[d->id], as))
+            cli_error(cmd, "%s given twice (as %s and %s)", d->name, a->as[d->id], as);
+        else
+            cli_error(cmd, "%s given twice", as);
+        return -1;
+    }
+    if (v && take_value(a, d, as, v) != 0)
+        return -1;
+    a->given[d->id]++;
+    a->as[d->id] = as;
+    a->occ_id[a->n_occ] = d->id;
+    a->occ_val[a->n_occ++] = v;
+    return 0;
+}
+
+void cli_help(const cli_command *c, FILE *f)
+{
+    fputs(c->help, f);
+    for (size_t k = 0; k < N_FLAGS; k++) {
+        const flag_def *d = &flags[k];
+        if (!(d->cmds & c->bit))
+            continue;
+        char head[64];
+        snprintf(head, sizeof head, "%s%s%s%s%s", d->shrt ? d->shrt : "", d->shrt ? ", " : "",
+                 d->name, d->metavar ? " " : "", d->metavar ? d->metavar : "");
+        fprintf(f, "  %-21s", head);
+        if (strlen(head) >= 21)
+            fprintf(f, "\n  %-21s", "");
+        for (const char *p = d->help;;) {
+            size_t len = strcspn(p, "\n");
+            fprintf(f, " %.*s\n", (int)len, p);
+            p += len;
+            if (!*p++)
+                break;
+            fprintf(f, "  %-21s", "");
+        }
+    }
+}
+
+int cli_parse(const cli_command *c, int argc, char **argv, cli_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->cmd = c;
+    a->occ_id = malloc(sizeof *a->occ_id * (size_t)(argc + 1));
+    a->occ_val = malloc(sizeof *a->occ_val * (size_t)(argc + 1));
+    if (!a->occ_id || !a->occ_val) {
+        cli_error(c->name, "out of memory");
+        return CLI_FAIL;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i], *v = NULL, *as;
+        const flag_def *d;
+        if (arg[0] != '-' || !arg[1]) {
+            if (!c->positional || a->positional)
+                return cli_bad_arg(c->name, arg);
+            a->positional = arg;
+            continue;
+        }
+        if (arg[1] == '-') { /* --name, --name=value */
+            size_t len = strcspn(arg, "=");
+            if (!(d = find_long(c->bit, arg, len))) {
+                if (arg[len]) /* name the option, not its value */
+                    cli_error(c->name, "unknown option '%.*s' (see kvslim %s --help)", (int)len,
+                              arg, c->name);
+                return arg[len] ? CLI_USAGE : cli_bad_arg(c->name, arg);
+            }
+            as = d->name;
+            if (arg[len]) {
+                v = arg + len + 1;
+                if (d->kind == K_NONE) {
+                    cli_error(c->name, "%s takes no value (see kvslim %s --help)", as, c->name);
+                    return CLI_USAGE;
+                }
+            }
+        } else { /* -n, -n VALUE, -nVALUE */
+            if (!(d = find_short(c->bit, arg[1])) || (d->kind == K_NONE && arg[2]))
+                return cli_bad_arg(c->name, arg);
+            as = d->shrt;
+            if (arg[2])
+                v = arg + 2;
+        }
+        if (d->kind != K_NONE && !v) {
+            if (i + 1 >= argc) {
+                cli_error(c->name, "%s needs a value (see kvslim %s --help)", as, c->name);
+                return CLI_USAGE;
+            }
+            v = argv[++i];
+        }
+        if (d->id == FL_HELP) {
+            cli_help(c, stdout);
+            return CLI_OK;
+        }
+        if (d->id == FL_VERSION) {
+            printf("kvslim %s\n", KVS_VERSION);
+            return CLI_OK;
+        }
+        if (d->id == FL_KV && !strcmp(v, "help")) {
+            kvs_kv_policy_help(stdout);
+            return CLI_OK;
+        }
+        if (occurrence(a, d, as, v) != 0)
+            return CLI_USAGE;
+    }
+    return -1;
+}
+
+void cli_args_free(cli_args *a)
+{
+    free(a->occ_id);
+    free(a->occ_val);
+    a->occ_id = NULL;
+    a->occ_val = NULL;
+}
+
+const char *cli_each(const cli_args *a, cli_flag_id id, int k)
+{
+    for (int j = 0; j < a->n_occ; j++)
+        if (a->occ_id[j] == id && k-- == 0)
+            return a->occ_val[j];
+    return NULL;
+}
+
+int cli_get_int(const cli_args *a, cli_flag_id id, int def)
+{
+    return a->given[id] ? (int)a->i[id] : def;
+}
+
+double cli_get_f64(const cli_args *a, cli_flag_id id, double def)
+{
+    return a->given[id] ? a->f[id] : def;
+}
+
+const char *cli_get_str(const cli_args *a, cli_flag_id id, const char *def)
+{
+    return a->given[id] ? a->str[id] : def;
+}
+
+int cli_threads(const cli_args *a)
+{
+    if (!a->given[FL_THREADS])
+        return cli_default_threads();
+    int n = (int)a->i[FL_THREADS];
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    /* More threads than cores make every barrier wait for a descheduled thread: decode gets
+     * many times slower, never faster. */
+    if (cpus >= 1 && n > cpus) {
+        fprintf(stderr, "kvslim %s: %s %d is more than the %ld online CPU%s; using %ld\n",
+                a->cmd->name, a->as[FL_THREADS], n, cpus, cpus == 1 ? "" : "s", cpus);
+        n = (int)cpus;
+    }
+    return n;
+}
+
+int cli_kv_params(const cli_args *a, kvs_session_params *p)
+{
+    if (a->given[FL_KV_TYPE])
+        p->kv_type = a->str[FL_KV_TYPE];
+    if (!a->given[FL_KV])
+        return 0;
+    kvs_error err = {0};
+    if (kvs_kv_policy_check(a->str[FL_KV], &err) != KVS_OK) {
+        cli_error(a->cmd->name, "%s", err.msg);
+        return -1;
+    }
+    p->kv_policy = a->str[FL_KV];
+    return 0;
+}
