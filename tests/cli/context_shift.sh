@@ -28,6 +28,13 @@ long_run "hashevict, shifted" --kv hashevict:slots=64 --context-shift
 tail -c 600 "$TMP/out" | grep -Eq '(\b[A-Za-z]+\b[ ,.]+){20}' && pass "shifted text reads as words" \
   || fail "shifted text: $(tail -c 300 "$TMP/out")"
 
+# Generation without end: --ignore-eos feeds story ends back, shifting keeps positions inside
+# the 512-token context; 3000 tokens come out, with the KV cache at its 64 slots.
+"$KVS_BIN" run -m "$model" -p "Once upon a time" -n 3000 --kv streaming:slots=64 --context-shift \
+  --ignore-eos >"$TMP/out" 2>"$TMP/err" && grep -q 'generated 3000 tokens' "$TMP/err" \
+  && ! grep -q 'context' "$TMP/err" && pass "3000 tokens past the context: $(tail -n 1 "$TMP/err")" \
+  || fail "--ignore-eos --context-shift -n 3000: $(head -c 300 "$TMP/err")"
+
 expect_fail "full cache, long prompt" "exceeds the context" \
   "$KVS_BIN" run -m "$model" -f "$TMP/long.txt" -n 4
 expect_fail "snapkv, long prompt" "exceeds the context" \
