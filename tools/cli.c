@@ -10,6 +10,11 @@
 #include <time.h>
 #include <unistd.h>
 
+void cli_notice(void *ctx, const char *msg)
+{
+    fprintf(stderr, "kvslim %s: %s\n", (const char *)ctx, msg);
+}
+
 void cli_error(const char *cmd, const char *fmt, ...)
 {
     va_list ap;

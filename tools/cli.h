@@ -20,6 +20,8 @@ int cmd_eval(int argc, char **argv);
 
 /* Prints "kvslim CMD: message" to stderr. */
 void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A library notice (kvs_session_params.log) on stderr: ctx is the command's name. */
+void cli_notice(void *ctx, const char *msg);
 
 /* Unknown flag or stray argument: prints the error and a hint to --help. Returns CLI_USAGE. */
 int cli_bad_arg(const char *cmd, const char *arg);

@@ -109,9 +109,11 @@ static unsigned rand_next(unsigned *state)
 
 static int bench(const cli_args *a)
 {
-    kvs_session_params params = kvs_session_default_params();
     const char *cmd = "bench", *model_path = a->str[FL_MODEL], *synthetic = a->str[FL_SYNTHETIC],
                *save = a->str[FL_SAVE], *json = a->str[FL_JSON];
+    kvs_session_params params = kvs_session_default_params();
+    params.log = cli_notice;
+    params.log_ctx = (void *)cmd;
     int n_prompt = cli_get_int(a, FL_N_PROMPT, 512), n_gen = cli_get_int(a, FL_N_GEN, 128),
         reps = cli_get_int(a, FL_REPS, 1);
     if (cli_kv_params(a, &params) != 0)

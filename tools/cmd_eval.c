@@ -537,7 +537,8 @@ static int load_and_check(const char *cmd, const cli_args *a, eval_state *e, int
     e->setup = (kvs_eval_setup){.tokens = e->ids, .n_tokens = e->n_ids,
                                 .prompt_len = e->prompt_len, .n_threads = threads,
                                 .chunk = cli_get_int(a, FL_CHUNK, 0), .kv_type = e->kv_type,
-                                .progress = on_progress, .progress_ctx = &e->pc};
+                                .progress = on_progress, .progress_ctx = &e->pc,
+                                .log = cli_notice, .log_ctx = (void *)cmd};
     kvs_status st;
     if ((st = kvs_model_load(e->model_path, &e->m, &e->err)) != KVS_OK) {
         cli_error(cmd, "%s", e->err.msg);

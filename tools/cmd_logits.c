@@ -28,6 +28,8 @@ static int logits(const cli_args *a)
     if (cli_check_output(cmd, &dst, NULL) != 0)
         return CLI_FAIL;
     kvs_session_params params = kvs_session_default_params();
+    params.log = cli_notice;
+    params.log_ctx = (void *)cmd;
     if (cli_kv_params(a, &params) != 0)
         return CLI_USAGE;
     params.n_threads = cli_threads(a);

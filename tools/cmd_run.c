@@ -18,13 +18,6 @@ static const cli_command run_cmd = {
     "never follows echoed text.\n",
     NULL};
 
-/* Session notices (a clamped budget, ...) on stderr, one line each. */
-static void notice(void *ctx, const char *msg)
-{
-    (void)ctx;
-    fprintf(stderr, "kvslim run: %s\n", msg);
-}
-
 static void print_stats(const kvs_session *s, int n_prompt, int n_gen, double t_prefill,
                         double t_decode)
 {
@@ -60,7 +53,8 @@ static int run(const cli_args *a)
     params.context_shift = a->given[FL_CONTEXT_SHIFT] > 0;
     params.allow_ctx_beyond_trained = 1; /* -c asked for it; the session sends a notice */
     const int ignore_eos = a->given[FL_IGNORE_EOS] > 0;
-    params.log = notice;
+    params.log = cli_notice;
+    params.log_ctx = (void *)cmd;
 
     char *owned = NULL;
     if (file && !(text = owned = cli_read_file(cmd, file, NULL)))
