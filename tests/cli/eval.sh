@@ -59,7 +59,7 @@ fi
 
 # Equal memory: streaming at the one-shot policy's mean slots attended (snapkv at 0.1 attends
 # 38 + 64.5 = 102.5 on average, so streaming runs with 103).
-if "$KVS_BIN" eval --kv help | grep -q '^snapkv '; then
+if "$KVS_BIN" eval --kv help | grep '^snapkv ' >/dev/null; then
   "$KVS_BIN" eval -m "$GGUF" --tokens "$TOKENS" --prompt-len 384 --kv streaming,snapkv \
     --budget 0.1 --equal-memory -t 2 --csv "$TMP/eq.csv" >"$TMP/t3" 2>&1 \
     && grep -q '^| streaming | eq:103 | 103 | 103.0 |' "$TMP/t3" \
@@ -101,5 +101,5 @@ expect_fail "unwritable output" "not writable" "${B[@]}" --prompt-len 384 --kv f
   --json "$TMP/no/such/dir/x.json"
 [ ! -e "$TMP/bad.json" ] && [ ! -e "$TMP/bad.csv" ] && ! ls "$TMP"/bad.* >/dev/null 2>&1 \
   && pass "nothing written on failure" || fail "output written on failure: $(ls "$TMP")"
-"$KVS_BIN" eval --help | grep -q "usage: kvslim eval" && pass "eval --help" || fail "eval --help"
+"$KVS_BIN" eval --help | grep "usage: kvslim eval" >/dev/null && pass "eval --help" || fail "eval --help"
 finish

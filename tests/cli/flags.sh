@@ -60,7 +60,7 @@ for cmd in run logits tokenize convert bench eval; do
     | tr ',' '\n' | sed 's/^ *//' | sort | uniq -d)
   [ -z "$dups" ] && pass "$cmd: no option declared twice" || fail "$cmd declares twice: $dups"
 done
-"$KVS_BIN" eval --kv=help | grep -q '^streaming ' && pass "--kv=help" || fail "--kv=help"
+"$KVS_BIN" eval --kv=help >"$TMP/kvhelp" && grep -q '^streaming ' "$TMP/kvhelp" && pass "--kv=help" || fail "--kv=help"
 
 # More threads than online CPUs: clamped with a notice.
 cpus=$(getconf _NPROCESSORS_ONLN)
