@@ -19,7 +19,7 @@ test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 demo: build
-	bash scripts/demo.sh $(BUILD)
+	@bash scripts/demo.sh $(BUILD)
 
 # Unit and CLI tests under AddressSanitizer and UndefinedBehaviorSanitizer.
 asan: deps
