@@ -13,6 +13,8 @@
 #include <string.h>
 
 #include "check.h"
+#include "fixture.h"
+#include "policy_check.h"
 #include "core/kernels.h"
 #include "core/threadpool.h"
 #include "engine/session_internal.h"
@@ -906,18 +908,6 @@ static int same_tables(const hrun *a, const hrun *b)
     return 1;
 }
 
-static int spec_error(const char *spec, const char *needle)
-{
-    kvs_error err = {0};
-    kvs_status st = kvs_kv_policy_check(spec, &err);
-    if (st == KVS_OK || !strstr(err.msg, needle)) {
-        fprintf(stderr, "spec '%s': status %d, message '%s' (want '%s')\n", spec, st, err.msg,
-                needle);
-        return 0;
-    }
-    return 1;
-}
-
 static int start_error(const char *spec, const char *needle)
 {
     kvs_session_params sp = kvs_session_default_params();
@@ -939,15 +929,15 @@ static int start_error(const char *spec, const char *needle)
 /* T19 config validation, T21 overhead accounting (no model needed for the bytes). */
 static void test_config_and_bytes(void)
 {
-    CHECK(spec_error("hashevict:budget=0.1,bits=0", "bits=0 is out of range"));
-    CHECK(spec_error("hashevict:budget=0.1,bits=513", "bits=513 is out of range"));
-    CHECK(spec_error("hashevict:budget=1.5", "must be a decimal number in (0, 1]"));
-    CHECK(spec_error("hashevict:slots=0", "slots=0"));
-    CHECK(spec_error("hashevict:budget=0.1,mode=value", "mode=value is not one of query|key"));
-    CHECK(spec_error("hashevict:budget=0.1,ties=newest", "not one of oldest|slot"));
-    CHECK(spec_error("hashevict:budget=0.1,prefill=dense", "not one of paper|recent"));
-    CHECK(spec_error("l2evict:budget=0.1,prefill=recent", "not one of paper|norm"));
-    CHECK(spec_error("hashevict", "needs budget"));
+    CHECK(error_mentions("hashevict:budget=0.1,bits=0", "bits=0 is out of range"));
+    CHECK(error_mentions("hashevict:budget=0.1,bits=513", "bits=513 is out of range"));
+    CHECK(error_mentions("hashevict:budget=1.5", "must be a decimal number in (0, 1]"));
+    CHECK(error_mentions("hashevict:slots=0", "slots=0"));
+    CHECK(error_mentions("hashevict:budget=0.1,mode=value", "mode=value is not one of query|key"));
+    CHECK(error_mentions("hashevict:budget=0.1,ties=newest", "not one of oldest|slot"));
+    CHECK(error_mentions("hashevict:budget=0.1,prefill=dense", "not one of paper|recent"));
+    CHECK(error_mentions("l2evict:budget=0.1,prefill=recent", "not one of paper|norm"));
+    CHECK(error_mentions("hashevict", "needs budget"));
     kvs_policy_spec spec;
     kvs_error err = {0};
     CHECK(kvs_policy_parse("hashevict:budget=0.25,bits=16,mode=key,ties=slot", &spec, &err) ==
@@ -1014,24 +1004,11 @@ int main(void)
     test_slot_order();
     test_config_and_bytes();
 
-    char path[1024];
+    char msg[512];
     kvs_error err = {0};
-    FILE *f = fopen(check_shared_path(path, sizeof path,
-                                      "models/golden/stories260K-sample-512.tokens"), "r");
-    CHECKF(f != NULL, "cannot open %s", path);
-    if (!f)
+    CHECKF(fx_load(tokens, N_TOK, &model, &info, msg, sizeof msg) == 0, "%s", msg);
+    if (!model)
         return check_summary("hashevict");
-    int n_tok = 0;
-    while (n_tok < N_TOK && fscanf(f, "%d", &tokens[n_tok]) == 1)
-        n_tok++;
-    fclose(f);
-    CHECK(n_tok == N_TOK);
-    CHECKF(kvs_model_load(check_shared_path(path, sizeof path,
-                                            "models/gguf/stories260K-f32.gguf"), &model, &err) ==
-               KVS_OK, "%s", err.msg);
-    if (!model || n_tok != N_TOK)
-        return check_summary("hashevict");
-    kvs_model_get_info(model, &info);
     CHECK(info.n_layers <= MAX_L && info.n_kv_heads <= MAX_H && info.head_dim <= MAX_HD &&
           info.n_heads / info.n_kv_heads <= MAX_G);
     const size_t heads = (size_t)info.n_layers * info.n_kv_heads;

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "fixture.h"
 #include "policy_check.h"
 #include "engine/session_internal.h"
 #include "kv/kv.h"
@@ -746,24 +747,11 @@ int main(void)
     test_select();
     test_sampling_law();
 
-    char path[1024];
+    char msg[512];
     kvs_error err = {0};
-    FILE *f = fopen(check_shared_path(path, sizeof path,
-                                      "models/golden/stories260K-sample-512.tokens"), "r");
-    CHECKF(f != NULL, "cannot open %s", path);
-    if (!f)
+    CHECKF(fx_load(tokens, N_TOK, &model, &info, msg, sizeof msg) == 0, "%s", msg);
+    if (!model)
         return check_summary("nacl");
-    int n_tok = 0;
-    while (n_tok < N_TOK && fscanf(f, "%d", &tokens[n_tok]) == 1)
-        n_tok++;
-    fclose(f);
-    CHECK(n_tok == N_TOK);
-    CHECKF(kvs_model_load(check_shared_path(path, sizeof path,
-                                            "models/gguf/stories260K-f32.gguf"), &model, &err) ==
-               KVS_OK, "%s", err.msg);
-    if (!model || n_tok != N_TOK)
-        return check_summary("nacl");
-    kvs_model_get_info(model, &info);
     CHECK(info.n_layers <= MAX_L && info.n_kv_heads <= MAX_H && info.head_dim <= MAX_HD);
     if (info.n_layers > MAX_L || info.n_kv_heads > MAX_H || info.head_dim > MAX_HD)
         return check_summary("nacl");
