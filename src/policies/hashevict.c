@@ -53,40 +53,18 @@
 #endif
 
 #include "core/kernels.h"
+#include "core/random.h"
 #include "policies/policies.h"
 
 /* ---- the projection generator (documented in hashevict.h) ---- */
 
-static uint64_t splitmix_next(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t xoshiro_next(uint64_t s[4])
-{
-    const uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
-
 void kvs_he_gauss(uint64_t seed, uint64_t stream, float *out, size_t n)
 {
-    uint64_t x = seed ^ (0xd1b54a32d192ed03ULL * (stream + 1)), s[4];
-    for (int i = 0; i < 4; i++)
-        s[i] = splitmix_next(&x);
+    kvs_xoshiro g;
+    kvs_xoshiro_seed(&g, seed ^ (0xd1b54a32d192ed03ULL * (stream + 1)));
     for (size_t i = 0; i < n; i += 2) {
-        const double u1 = (double)(xoshiro_next(s) >> 11) * 0x1p-53;
-        const double u2 = (double)(xoshiro_next(s) >> 11) * 0x1p-53;
+        const double u1 = kvs_random_unit(kvs_xoshiro_next(&g));
+        const double u2 = kvs_random_unit(kvs_xoshiro_next(&g));
         const double r = sqrt(-2.0 * log(1.0 - u1)), a = 2.0 * M_PI * u2;
         out[i] = (float)(r * cos(a));
         if (i + 1 < n)

@@ -15,7 +15,8 @@
  *   - Box-Muller on consecutive pairs (u1, u2): r = sqrt(-2 ln(1 - u1)), z0 = r cos(2 pi u2),
  *     z1 = r sin(2 pi u2), used in that order (in double, stored as float); an odd count drops
  *     the last z1.
- * The same (seed, layer) always gives bit-identical R, whatever the thread count.
+ * (kvs_xoshiro_seed, kvs_xoshiro_next and kvs_random_unit of core/random.h.) The same
+ * (seed, layer) always gives bit-identical R, whatever the thread count.
  *
  * Code of x (spec 2.3): bit i = ((R x)_i >= 0), the dot product in float32; bit i lives in word
  * i >> 6 at bit i & 63 of ceil(bits / 64) uint64 words; unused high bits are 0. */

@@ -4,37 +4,12 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "core/random.h"
 #include "policies/policies.h"
 
 static const kvs_param_def params[] = {
     {"seed", 0, 0, 4294967295.0, 1, "random seed"},
 };
-
-static uint64_t splitmix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
-/* The i-th draw of the stream of key: splitmix64 of the key hash plus a counter. */
-typedef struct stream {
-    uint64_t key, counter;
-} stream;
-
-static uint64_t next(stream *s) { return splitmix64(s->key + 0x9e3779b97f4a7c15ULL * ++s->counter); }
-
-/* Uniform in [0, m), m >= 1, by rejection of the biased top of the 64-bit range. */
-static uint64_t below(stream *s, uint64_t m)
-{
-    const uint64_t limit = UINT64_MAX - UINT64_MAX % m;
-    uint64_t x;
-    do
-        x = next(s);
-    while (x >= limit);
-    return x % m;
-}
 
 static kvs_status start(kvs_policy *p, kvs_error *err)
 {
@@ -55,10 +30,11 @@ static kvs_status prefill_end(kvs_policy *p, int layer, kvs_error *err)
             return kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory", p->spec.user);
         for (int i = 0; i < n; i++)
             idx[i] = i;
-        stream s = {splitmix64(splitmix64(splitmix64(seed) ^ (uint64_t)layer) ^ (uint64_t)h), 0};
+        const uint64_t words[2] = {(uint64_t)layer, (uint64_t)h};
+        kvs_random_stream s = {kvs_random_key(seed, words, 2), 0};
         /* Partial Fisher-Yates: the first b entries become a uniform sample without replacement. */
         for (int i = 0; i < b; i++) {
-            int j = i + (int)below(&s, (uint64_t)(n - i));
+            int j = i + (int)kvs_random_below(&s, (uint64_t)(n - i));
             int t = idx[i];
             idx[i] = idx[j];
             idx[j] = t;
