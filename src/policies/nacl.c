@@ -462,19 +462,14 @@ static kvs_status after_attention(kvs_policy *p, int layer, const float *probs, 
         return KVS_OK;
     const kvs_nacl_plan *pl = &s->plan;
     const int group = p->n_heads / p->n_kv_heads;
-    const float inv = 1.0f / (float)group;
     for (int h = 0; h < s->n_kv; h++) {
         const int n = s->cfg.mask ? s->n_live[layer * s->n_kv + h]
                                   : kvs_store_count(p->store, layer, h);
         if (n > s->dcap)
             return kvs_fail(err, KVS_ERR_ARG, "--kv %s: %d slots, more than budget + interval",
                             p->spec.user, n);
-        float *ds = s->dscore[layer] + (size_t)h * s->dcap;
-        for (int g = 0; g < group; g++) {
-            const float *pr = probs + (size_t)(h * group + g) * stride;
-            for (int j = 0; j < n; j++)
-                ds[j] += pr[j] * inv;
-        }
+        kvs_group_mean_add(s->dscore[layer] + (size_t)h * s->dcap,
+                           probs + (size_t)h * group * stride, (size_t)stride, group, n);
     }
     if (++s->steps[layer] % s->cfg.interval != 0)
         return KVS_OK;
