@@ -36,8 +36,8 @@
  * attention scratch): per-step scratch and the record of the last token's q and k rows that
  * kvs_hashevict_view exposes to tests.
  *
- * Cost per decode step (kvs_hashevict_timing; bench/hashevict_bench.sh): hashing (Hq + Hkv) x bits dot products of
- * head_dim; the victim search XOR + popcount over C slots per KV head (AVX-512 VPOPCNTDQ when
+ * Cost per decode step (kvs_hashevict_timing; bench/hashevict_bench.sh): hashing (Hq + Hkv) x
+ * bits dot products of head_dim; the victim search XOR + popcount over C slots per KV head (AVX-512 VPOPCNTDQ when
  * available); the eviction is kvs_store_remove, whose memmove of the tail of the position-sorted
  * store is the largest of the three (the spec's in-place overwrite needs no move). */
 #include "policies/hashevict_internal.h"
@@ -249,7 +249,10 @@ const char *const kvs_he_ties_words[] = {"oldest", "slot", NULL};
 static const char *const he_prefill_words[] = {"paper", "recent", NULL};
 static const char *const gqa_words[] = {"sum", "meanq", NULL};
 static const kvs_param_words he_words[] = {
-    {"mode", mode_words}, {"ties", kvs_he_ties_words}, {"prefill", he_prefill_words}, {"gqa", gqa_words}};
+    {"mode", mode_words},
+    {"ties", kvs_he_ties_words},
+    {"prefill", he_prefill_words},
+    {"gqa", gqa_words}};
 
 static int is_ours(const kvs_policy *p)
 {

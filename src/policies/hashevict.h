@@ -1,6 +1,7 @@
 /* HashEvict (methods/hashevict.md): SimHash codes of post-RoPE keys and queries, and a
  * pre-attention victim with the largest summed Hamming distance to the current token's query
- * codes. Also its sibling baseline l2evict (the paper's "L2": the largest key norm goes; l2evict.c).
+ * codes. Also its sibling baseline l2evict (the paper's "L2": the largest key norm goes;
+ * l2evict.c).
  *
  * This header exposes the pure pieces (projection, hashing, Hamming distance, victim choice)
  * for tests and benchmarks, and read-only views of a running policy's state. Nothing here has
