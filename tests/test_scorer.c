@@ -1,7 +1,8 @@
 /* The scorer adapter (src/policies/scorer.h): a test-local scorer policy, written as a score
  * function plus a table entry, run through the adapter's hooks on a small store: top-k by score
  * with the declared protection and ties, the observation window's group mean, the slots a score
- * function sees, errors. Also: the shipped scorers are registered with the adapter's hooks. */
+ * function sees, errors. Also: the group-mean rule, and the shipped scorers are registered with
+ * the adapter's hooks. */
 #include <stdint.h>
 #include <string.h>
 
@@ -183,6 +184,38 @@ static void test_window(void)
     kvs_store_free(s);
 }
 
+/* The one group-mean rounding rule (kv/policy.h): each row times 1/group, added in head order.
+ * For power-of-two groups that is bit for bit the division tova used. */
+static void test_group_mean(void)
+{
+    enum { M = 64 };
+    float rows[4 * M], dst[M];
+    uint32_t x = 12345;
+    for (int i = 0; i < 4 * M; i++) {
+        x = x * 1664525u + 1013904223u;
+        rows[i] = (float)(x >> 8) * 0x1p-24f * (i % 7 == 0 ? 1e-30f : 1.0f);
+    }
+    for (int group = 1; group <= 4; group++) {
+        for (int j = 0; j < M; j++)
+            dst[j] = 0.5f;
+        kvs_group_mean_add(dst, rows, M, group, M);
+        const float inv = 1.0f / (float)group;
+        int rule = 1, div = 1;
+        for (int j = 0; j < M; j++) {
+            float want = 0.5f, by_div = 0.5f;
+            for (int g = 0; g < group; g++) {
+                want += rows[g * M + j] * inv;
+                by_div += rows[g * M + j] / (float)group;
+            }
+            rule &= dst[j] == want;
+            div &= dst[j] == by_div;
+        }
+        CHECKF(rule, "group %d", group);
+        if (group != 3)
+            CHECKF(div, "group %d", group);
+    }
+}
+
 /* knorm, random and snapkv are scorers: one-shot, with the adapter's hooks. */
 static void test_registry(void)
 {
@@ -200,6 +233,7 @@ int main(void)
 {
     test_top_k();
     test_window();
+    test_group_mean();
     test_registry();
     return check_summary("test_scorer");
 }
