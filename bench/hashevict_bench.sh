@@ -12,11 +12,13 @@
 #   hashevict:budget=F                  the paper path (prompt beyond the budget fed token by
 #                                       token through the eviction): slow prefill, one round
 #                                       only (PAPER=0 skips it).
-# HashEvict's per-step costs come from the policy's own CLOCK_MONOTONIC timers, printed on stderr
-# when KVS_HASHEVICT_TIMING is set (see src/policies/hashevict.h): microseconds per decode step
-# (all layers and heads) for hashing the new keys and queries, the victim search, and the
-# eviction (removing the victim from the position-sorted store, i.e. the compaction memmove,
-# and writing the slot table); fed prompt tokens are reported separately.
+# HashEvict's per-step costs come from the policy's own CLOCK_MONOTONIC timers, which `kvslim
+# bench` reads through the API (kvs_hashevict_timing_line in src/policies/hashevict.h; the
+# policy itself prints nothing) and prints on stderr, one line per phase: microseconds per
+# decode step (all layers and heads) for hashing the new keys and queries, the victim search,
+# and the eviction (removing the victim from the position-sorted store, i.e. the compaction
+# memmove, and writing the slot table); fed prompt tokens are reported separately. A bench
+# that does not print those lines yet leaves the per-step table empty.
 #
 # Environment: N_PROMPT (8192), N_GEN (64), THREADS (2), BUDGET (0.1; a fraction, or N for slots=N), ROUNDS (3), PAPER (1),
 #   POLICIES ("full streaming h2o tova"), QUIET_WAIT (60: before each run, wait up to this many
@@ -76,7 +78,7 @@ run_one() { # spec tag round
     wait_quiet
     log "  round $r: $spec"
     b0=$(busy_ticks); o0=$(own_ticks); t0=$(date +%s%N)
-    KVS_HASHEVICT_TIMING=1 "$KVSLIM" bench -m "$MODEL" -p "$N_PROMPT" -n "$N_GEN" -t "$THREADS" \
+    "$KVSLIM" bench -m "$MODEL" -p "$N_PROMPT" -n "$N_GEN" -t "$THREADS" \
         --kv "$spec" --json "$json" >/dev/null 2>"$err"
     b1=$(busy_ticks); o1=$(own_ticks); t1=$(date +%s%N)
     # cores used by other processes during the run

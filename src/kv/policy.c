@@ -405,22 +405,28 @@ int kvs_policy_budget_notice(const kvs_policy_spec *spec, int n_prompt, char *bu
     return 1;
 }
 
+void kvs_group_mean_add(float *dst, const float *rows, size_t stride, int group, int n)
+{
+    const float inv = 1.0f / (float)group;
+    for (int g = 0; g < group; g++) {
+        const float *r = rows + (size_t)g * stride;
+        for (int j = 0; j < n; j++)
+            dst[j] += r[j] * inv;
+    }
+}
+
 kvs_status kvs_policy_add_group_mean(const kvs_policy *p, int layer, const kvs_chunk *c,
                                      float *score, int stride, kvs_error *err)
 {
     const int group = p->n_heads / p->n_kv_heads;
-    const float inv = 1.0f / (float)group;
     for (int h = 0; h < p->n_kv_heads; h++) {
         const int n = kvs_store_count(p->store, layer, h);
         if (n > stride) /* slots from before this prompt: not a state these policies support */
             return kvs_fail(err, KVS_ERR_ARG, "--kv %s: %d slots for a prompt of %d tokens",
                             p->spec.user, n, stride);
-        float *dst = score + (size_t)h * stride;
-        for (int g = 0; g < group; g++) {
-            const float *cs = c->colsum + (size_t)(h * group + g) * c->colsum_stride;
-            for (int j = 0; j < n; j++)
-                dst[j] += cs[j] * inv;
-        }
+        kvs_group_mean_add(score + (size_t)h * stride,
+                           c->colsum + (size_t)h * group * c->colsum_stride,
+                           (size_t)c->colsum_stride, group, n);
     }
     return KVS_OK;
 }

@@ -156,9 +156,18 @@ int kvs_policy_budget_slots(const kvs_policy_spec *spec, int n_prompt);
  * fraction and the slots used into buf and returns 1; else returns 0. */
 int kvs_policy_budget_notice(const kvs_policy_spec *spec, int n_prompt, char *buf, size_t size);
 
-/* Adds a prompt chunk's column sums, averaged over each KV head's query heads (times 1/group,
- * in head order), into score[h * stride + slot] for every slot the head holds. Fails if a head
- * holds more than stride slots (slots from before the prompt). */
+/* The GQA group mean, with the one rounding rule every policy uses (h2o, tova, snapkv, nacl):
+ * for each of a KV head's `group` query heads g in order, dst[j] += rows[g * stride + j] *
+ * (1 / group) in float32, j < n; rows points at the group's first row. Adding each term scaled,
+ * rather than summing first, lets accumulating scores (h2o) add a mean without an extra
+ * buffer. For a power-of-two group (1 / group exact; stories260K's group is 2) a term times
+ * 1 / group equals the term divided by group, bit for bit; for other groups the two may differ
+ * in the last bit, and this rule is the one kept. */
+void kvs_group_mean_add(float *dst, const float *rows, size_t stride, int group, int n);
+
+/* Adds a prompt chunk's column sums, as the group mean of each KV head's query heads
+ * (kvs_group_mean_add), into score[h * stride + slot] for every slot the head holds. Fails if a
+ * head holds more than stride slots (slots from before the prompt). */
 kvs_status kvs_policy_add_group_mean(const kvs_policy *p, int layer, const kvs_chunk *c,
                                      float *score, int stride, kvs_error *err);
 

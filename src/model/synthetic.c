@@ -3,18 +3,11 @@
 #include <stdlib.h>
 
 #include "core/error.h"
+#include "core/random.h"
 #include "model/llama_write.h"
 
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-/* Uniform in (0, 1]. */
-static double uniform(uint64_t *s) { return ((splitmix64(s) >> 11) + 1) * (1.0 / 9007199254740992.0); }
+/* Uniform in (0, 1]: the sequential SplitMix64 generator from the seed (core/random.h). */
+static double uniform(uint64_t *s) { return kvs_random_unit_nonzero(kvs_splitmix64_next(s)); }
 
 static void fill_normal(float *x, size_t n, float sd, uint64_t *s)
 {

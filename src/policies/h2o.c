@@ -3,7 +3,7 @@
  *
  * Score (metadata channel 0): the softmax probability a slot received, summed over every prompt
  * query row (prefill column sums) and every decode step, each row first averaged over the query
- * heads of the slot's KV head (GQA group mean). Not normalised by age.
+ * heads of the slot's KV head (GQA group mean, kvs_group_mean_add). Not normalised by age.
  * Keep: the budget/2 newest slots (integer division), and the top-scored among the rest.
  * Prefill: after every chunk the head is evicted down to the budget, so long prompts processed
  * in chunks stay bounded. Decode: the new token is appended (no before_append), attention runs
@@ -32,16 +32,12 @@ static kvs_status prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kv
 {
     (void)err;
     const int group = p->n_heads / p->n_kv_heads;
-    const float inv = 1.0f / (float)group;
     for (int h = 0; h < p->n_kv_heads; h++) {
         const int n = kvs_store_count(p->store, layer, h);
         float *score = kvs_store_meta(p->store, layer, h, SCORE);
         if (c->colsum)
-            for (int g = 0; g < group; g++) {
-                const float *cs = c->colsum + (size_t)(h * group + g) * c->colsum_stride;
-                for (int j = 0; j < n; j++)
-                    score[j] += cs[j] * inv;
-            }
+            kvs_group_mean_add(score, c->colsum + (size_t)h * group * c->colsum_stride,
+                               (size_t)c->colsum_stride, group, n);
         kvs_evict_keep_top(p->store, layer, h, score, p->budget, 0, recent_of(p),
                            KVS_TIE_KEEP_NEWER);
     }
@@ -53,15 +49,10 @@ static kvs_status after_attention(kvs_policy *p, int layer, const float *probs, 
 {
     (void)err;
     const int group = p->n_heads / p->n_kv_heads, recent = recent_of(p);
-    const float inv = 1.0f / (float)group;
     for (int h = 0; h < p->n_kv_heads; h++) {
         const int n = kvs_store_count(p->store, layer, h);
         float *score = kvs_store_meta(p->store, layer, h, SCORE);
-        for (int g = 0; g < group; g++) {
-            const float *pr = probs + (size_t)(h * group + g) * stride;
-            for (int j = 0; j < n; j++)
-                score[j] += pr[j] * inv;
-        }
+        kvs_group_mean_add(score, probs + (size_t)h * group * stride, (size_t)stride, group, n);
         if (n <= p->budget)
             continue;
         if (n == p->budget + 1) {

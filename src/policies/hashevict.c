@@ -1,4 +1,5 @@
-/* hashevict (HashEvict, methods/hashevict.md) and l2evict (its "L2" baseline).
+/* hashevict (HashEvict, methods/hashevict.md), and the slot-table machinery it shares with
+ * l2evict (its "L2" baseline, l2evict.c; shared through hashevict_internal.h).
  *
  * HashEvict holds C = budget slots per (layer, KV head). Each layer has a seeded Gaussian
  * projection R_l (bits x head_dim, shared by the layer's heads, for keys and queries alike); a
@@ -26,10 +27,8 @@
  * prefill over all N tokens; with several chunks later chunks see the truncated cache (as
  * streaming and h2o here), which bounds peak memory at C + chunk.
  *
- * l2evict: the same machinery with the key's L2 norm (computed once at insertion, in double, from
- * the key as stored) as the score: the evictable slot with the largest norm goes. prefill=norm
- * keeps, per chunk, the sinks, the recent window and the lowest norms up to C (the reference
- * code's prompt compression; equal norms: the older goes first).
+ * l2evict (l2evict.c): the same machinery with the key's L2 norm as a slot's metadata and the
+ * largest norm as the victim; its prompt rule (prefill=norm) is kvs_l2_keep_lowest_norms.
  *
  * Memory (state_bytes): codes as allocated (C x nw x 8 bytes per head), R (bits x head_dim x 4
  * per layer), the physical table's positions (C x 4 per head), l2evict's norms (C x 4 per head);
@@ -37,11 +36,11 @@
  * attention scratch): per-step scratch and the record of the last token's q and k rows that
  * kvs_hashevict_view exposes to tests.
  *
- * Cost per decode step (bench/hashevict_bench.sh): hashing (Hq + Hkv) x bits dot products of
- * head_dim; the victim search XOR + popcount over C slots per KV head (AVX-512 VPOPCNTDQ when
+ * Cost per decode step (kvs_hashevict_timing; bench/hashevict_bench.sh): hashing (Hq + Hkv) x
+ * bits dot products of head_dim; the victim search XOR + popcount over C slots per KV head (AVX-512 VPOPCNTDQ when
  * available); the eviction is kvs_store_remove, whose memmove of the tail of the position-sorted
  * store is the largest of the three (the spec's in-place overwrite needs no move). */
-#include "policies/hashevict.h"
+#include "policies/hashevict_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -53,40 +52,18 @@
 #endif
 
 #include "core/kernels.h"
+#include "core/random.h"
 #include "policies/policies.h"
 
 /* ---- the projection generator (documented in hashevict.h) ---- */
 
-static uint64_t splitmix_next(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t xoshiro_next(uint64_t s[4])
-{
-    const uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
-
 void kvs_he_gauss(uint64_t seed, uint64_t stream, float *out, size_t n)
 {
-    uint64_t x = seed ^ (0xd1b54a32d192ed03ULL * (stream + 1)), s[4];
-    for (int i = 0; i < 4; i++)
-        s[i] = splitmix_next(&x);
+    kvs_xoshiro g;
+    kvs_xoshiro_seed(&g, seed ^ (0xd1b54a32d192ed03ULL * (stream + 1)));
     for (size_t i = 0; i < n; i += 2) {
-        const double u1 = (double)(xoshiro_next(s) >> 11) * 0x1p-53;
-        const double u2 = (double)(xoshiro_next(s) >> 11) * 0x1p-53;
+        const double u1 = kvs_random_unit(kvs_xoshiro_next(&g));
+        const double u2 = kvs_random_unit(kvs_xoshiro_next(&g));
         const double r = sqrt(-2.0 * log(1.0 - u1)), a = 2.0 * M_PI * u2;
         out[i] = (float)(r * cos(a));
         if (i + 1 < n)
@@ -115,11 +92,6 @@ int kvs_he_hamming(const uint64_t *a, const uint64_t *b, int nw)
     for (int w = 0; w < nw; w++)
         d += __builtin_popcountll(a[w] ^ b[w]);
     return d;
-}
-
-static int evictable(int32_t pos, int32_t t, int sinks, int recent)
-{
-    return pos >= sinks && (int64_t)pos < (int64_t)t - recent;
 }
 
 /* One-word codes (bits <= 64), the common case: every slot gets the key
@@ -219,7 +191,7 @@ int kvs_he_victim(const uint64_t *codes, const int32_t *pos, int n, int nw,
     }
     int best = -1, best_d = -1;
     for (int s = 0; s < n; s++) {
-        if (!evictable(pos[s], t, sinks, recent))
+        if (!kvs_he_evictable(pos[s], t, sinks, recent))
             continue;
         int d = 0;
         for (int g = 0; g < nq; g++)
@@ -229,20 +201,6 @@ int kvs_he_victim(const uint64_t *codes, const int32_t *pos, int n, int nw,
             best = s;
             best_d = d;
         }
-    }
-    return best;
-}
-
-int kvs_he_victim_norm(const float *norm, const int32_t *pos, int n, int32_t t, int sinks,
-                       int recent, int ties)
-{
-    int best = -1;
-    for (int s = 0; s < n; s++) {
-        if (!evictable(pos[s], t, sinks, recent))
-            continue;
-        if (best < 0 || norm[s] > norm[best] ||
-            (norm[s] == norm[best] && ties == KVS_HE_TIES_OLDEST && pos[s] < pos[best]))
-            best = s;
     }
     return best;
 }
@@ -272,7 +230,6 @@ typedef struct he_state {
     /* the last token given to before_append, per layer */
     float *last_q, *last_k;
     int32_t *last_pos, *last_victim;
-    int report;
     kvs_he_timing timing;
 } he_state;
 
@@ -288,21 +245,14 @@ static const kvs_param_def he_params[] = {
     {"gqa", 0, 0, 1, 1, "query heads of a group: sum their distances, or hash their mean"},
 };
 static const char *const mode_words[] = {"query", "key", NULL};
-static const char *const ties_words[] = {"oldest", "slot", NULL};
+const char *const kvs_he_ties_words[] = {"oldest", "slot", NULL};
 static const char *const he_prefill_words[] = {"paper", "recent", NULL};
 static const char *const gqa_words[] = {"sum", "meanq", NULL};
 static const kvs_param_words he_words[] = {
-    {"mode", mode_words}, {"ties", ties_words}, {"prefill", he_prefill_words}, {"gqa", gqa_words}};
-
-static const kvs_param_def l2_params[] = {
-    {"sinks", 4, 0, 1 << 20, 1, "first positions never evicted"},
-    {"recent", 10, 0, 1 << 20, 1, "most recent positions never evicted"},
-    {"ties", 0, 0, 1, 1, "equal norms: evict the oldest, or the lowest physical slot"},
-    {"prefill", 0, 0, 1, 1, "prompt beyond the budget: fed token by token (paper) or sinks + "
-                            "recent + lowest norms (authors' code)"},
-};
-static const char *const l2_prefill_words[] = {"paper", "norm", NULL};
-static const kvs_param_words l2_words[] = {{"ties", ties_words}, {"prefill", l2_prefill_words}};
+    {"mode", mode_words},
+    {"ties", kvs_he_ties_words},
+    {"prefill", he_prefill_words},
+    {"gqa", gqa_words}};
 
 static int is_ours(const kvs_policy *p)
 {
@@ -341,32 +291,20 @@ static double seconds_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void stop(kvs_policy *p)
+void kvs_he_stop(kvs_policy *p)
 {
-    he_state *st = p->state;
-    if (st && st->report) {
-        static const char *const phase[2] = {"decode", "fed prompt tokens"};
-        for (int i = 0; i < 2; i++) {
-            const long n = st->timing.steps[i];
-            if (n > 0)
-                fprintf(stderr, "%s timing, %s: %ld steps; per step: hash %.2f us, victim "
-                        "search %.2f us, evict (store compaction + table) %.2f us\n",
-                        p->spec.user, phase[i], n, 1e6 * st->timing.hash_s[i] / n,
-                        1e6 * st->timing.victim_s[i] / n, 1e6 * st->timing.evict_s[i] / n);
-        }
-    }
-    free_state(st);
+    free_state(p->state);
     p->state = NULL;
 }
 
 /* sinks + recent + one evictable slot. */
-static int min_budget(const kvs_policy_spec *spec)
+int kvs_he_min_budget(const kvs_policy_spec *spec)
 {
     double m = kvs_policy_spec_param(spec, "sinks") + kvs_policy_spec_param(spec, "recent") + 1;
     return m > INT32_MAX ? INT32_MAX : (int)m;
 }
 
-static kvs_status start_common(kvs_policy *p, int l2, kvs_error *err)
+kvs_status kvs_he_start(kvs_policy *p, int l2, kvs_error *err)
 {
     kvs_status s = kvs_policy_check_context(p, err);
     if (s != KVS_OK)
@@ -429,13 +367,11 @@ static kvs_status start_common(kvs_policy *p, int l2, kvs_error *err)
     }
     for (size_t i = 0; i < heads; i++)
         st->last_victim[i] = -1;
-    st->report = getenv("KVS_HASHEVICT_TIMING") != NULL;
     p->state = st;
     return KVS_OK;
 }
 
-static kvs_status he_start(kvs_policy *p, kvs_error *err) { return start_common(p, 0, err); }
-static kvs_status l2_start(kvs_policy *p, kvs_error *err) { return start_common(p, 1, err); }
+static kvs_status he_start(kvs_policy *p, kvs_error *err) { return kvs_he_start(p, 0, err); }
 
 static size_t head_index(const he_state *st, int layer, int h)
 {
@@ -462,20 +398,12 @@ static const float *layer_R(const he_state *st, int layer)
     return st->R + (size_t)layer * st->bits * st->hd;
 }
 
-static float l2_norm(const float *x, int n)
-{
-    double s = 0;
-    for (int i = 0; i < n; i++)
-        s += (double)x[i] * x[i];
-    return (float)sqrt(s);
-}
-
 /* Physical slot `slot` of (layer, h) now holds position pos with key `key` (as stored). */
 static void put(he_state *st, int layer, int h, int slot, int32_t pos, const float *key)
 {
     table_pos(st, layer, h)[slot] = pos;
     if (st->l2)
-        table_norm(st, layer, h)[slot] = l2_norm(key, st->hd);
+        table_norm(st, layer, h)[slot] = kvs_he_l2_norm(key, st->hd);
     else
         kvs_he_hash(layer_R(st, layer), st->bits, st->hd, key,
                     table_code(st, layer, h) + (size_t)slot * st->nw);
@@ -493,10 +421,10 @@ static float *scores_buf(he_state *st, size_t n)
     return st->scores;
 }
 
-static kvs_status prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kvs_error *err)
+kvs_status kvs_he_prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kvs_error *err)
 {
     he_state *st = p->state;
-    const int hd = st->hd, C = st->cap;
+    const int C = st->cap;
     float *key = st->kbuf; /* one row of scratch */
     for (int h = 0; h < st->nkv; h++) {
         int n = kvs_store_count(p->store, layer, h);
@@ -519,12 +447,7 @@ static kvs_status prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kv
                 float *score = scores_buf(st, (size_t)n);
                 if (!score)
                     return kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory", p->spec.user);
-                for (int i = 0; i < n; i++) {
-                    kvs_store_key_f32(p->store, layer, h, i, key);
-                    score[i] = -l2_norm(key, hd); /* keep-top keeps the highest */
-                }
-                kvs_evict_keep_top(p->store, layer, h, score, C, st->sinks, st->recent,
-                                   KVS_TIE_KEEP_NEWER);
+                kvs_l2_keep_lowest_norms(p, layer, h, score, key, st->sinks, st->recent);
             }
             /* The table in position order: physical slot = rank. */
             n = kvs_store_count(p->store, layer, h);
@@ -554,7 +477,7 @@ static kvs_status prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kv
     return KVS_OK;
 }
 
-static int prompt_batch(const kvs_policy *p, int done)
+int kvs_he_prompt_batch(const kvs_policy *p, int done)
 {
     const he_state *st = p->state;
     if (!st || st->prefill != KVS_HE_PREFILL_PAPER)
@@ -589,7 +512,7 @@ static int store_index(const kvs_store *s, int layer, int h, int32_t pos)
     return -1;
 }
 
-static kvs_status before_append(kvs_policy *p, int layer, const float *q, const float *k,
+kvs_status kvs_he_before_append(kvs_policy *p, int layer, const float *q, const float *k,
                                 const float *v, int32_t pos, kvs_error *err)
 {
     (void)v;
@@ -611,7 +534,7 @@ static kvs_status before_append(kvs_policy *p, int layer, const float *q, const 
         if (key != kb)
             memcpy(kb, key, sizeof(float) * hd);
         if (st->l2) {
-            st->knorm[h] = l2_norm(kb, hd);
+            st->knorm[h] = kvs_he_l2_norm(kb, hd);
             continue;
         }
         const float *R = layer_R(st, layer);
@@ -710,7 +633,7 @@ static int find_pos(const int32_t *old, int n, int32_t pos)
  * physical slot keeps its token, with the token's new position) and codes are taken again from
  * the keys as now stored, since queries at the new positions are compared with them (l2evict's
  * norms too, for F16 rounding: a rotation keeps the norm). */
-static kvs_status he_shift(kvs_policy *p, int layer, const kvs_shift_info *sh, kvs_error *err)
+kvs_status kvs_he_shift(kvs_policy *p, int layer, const kvs_shift_info *sh, kvs_error *err)
 {
     he_state *st = p->state;
     float *key = st->kbuf; /* one row of scratch */
@@ -742,7 +665,7 @@ static kvs_status he_shift(kvs_policy *p, int layer, const kvs_shift_info *sh, k
     return KVS_OK;
 }
 
-static size_t state_bytes(const kvs_policy *p)
+size_t kvs_he_state_bytes(const kvs_policy *p)
 {
     kvs_he_bytes b;
     return kvs_hashevict_bytes(p, &b) == 0 ? b.total : 0;
@@ -799,40 +722,30 @@ int kvs_hashevict_timing(const kvs_policy *p, kvs_he_timing *t)
     return 0;
 }
 
+int kvs_hashevict_timing_line(const kvs_policy *p, int phase, char *buf, size_t size)
+{
+    static const char *const name[2] = {"decode", "fed prompt tokens"};
+    kvs_he_timing t;
+    if (size > 0)
+        buf[0] = 0;
+    if (phase < 0 || phase > 1 || kvs_hashevict_timing(p, &t) != 0 || t.steps[phase] <= 0)
+        return -1;
+    const double n = (double)t.steps[phase];
+    snprintf(buf, size, "%s timing, %s: %ld steps; per step: hash %.2f us, victim search %.2f "
+             "us, evict (store compaction + table) %.2f us", p->spec.user, name[phase],
+             t.steps[phase], 1e6 * t.hash_s[phase] / n, 1e6 * t.victim_s[phase] / n,
+             1e6 * t.evict_s[phase] / n);
+    return 0;
+}
+
 const kvs_policy_type kvs_policy_hashevict = {
     .name = "hashevict",
     .summary = "HashEvict: SimHash codes, evict the largest Hamming distance to the query "
                "(pre-attention; sinks + recent window kept)",
-    .kind = KVS_KIND_EVICTING,
     .params = he_params,
     .n_params = (int)(sizeof he_params / sizeof he_params[0]),
     .words = he_words,
     .n_words = (int)(sizeof he_words / sizeof he_words[0]),
-    .min_budget = min_budget,
     .start = he_start,
-    .stop = stop,
-    .state_bytes = state_bytes,
-    .prompt_batch = prompt_batch,
-    .prefill_chunk = prefill_chunk,
-    .before_append = before_append,
-    .shift = he_shift,
-};
-
-const kvs_policy_type kvs_policy_l2evict = {
-    .name = "l2evict",
-    .summary = "L2 (HashEvict's baseline): evict the largest key norm (pre-attention; sinks + "
-               "recent window kept)",
-    .kind = KVS_KIND_EVICTING,
-    .params = l2_params,
-    .n_params = (int)(sizeof l2_params / sizeof l2_params[0]),
-    .words = l2_words,
-    .n_words = (int)(sizeof l2_words / sizeof l2_words[0]),
-    .min_budget = min_budget,
-    .start = l2_start,
-    .stop = stop,
-    .state_bytes = state_bytes,
-    .prompt_batch = prompt_batch,
-    .prefill_chunk = prefill_chunk,
-    .before_append = before_append,
-    .shift = he_shift,
+    KVS_HE_HOOKS,
 };

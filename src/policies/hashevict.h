@@ -1,6 +1,7 @@
 /* HashEvict (methods/hashevict.md): SimHash codes of post-RoPE keys and queries, and a
  * pre-attention victim with the largest summed Hamming distance to the current token's query
- * codes. Also its sibling baseline l2evict (the paper's "L2": the largest key norm goes).
+ * codes. Also its sibling baseline l2evict (the paper's "L2": the largest key norm goes;
+ * l2evict.c).
  *
  * This header exposes the pure pieces (projection, hashing, Hamming distance, victim choice)
  * for tests and benchmarks, and read-only views of a running policy's state. Nothing here has
@@ -15,7 +16,8 @@
  *   - Box-Muller on consecutive pairs (u1, u2): r = sqrt(-2 ln(1 - u1)), z0 = r cos(2 pi u2),
  *     z1 = r sin(2 pi u2), used in that order (in double, stored as float); an odd count drops
  *     the last z1.
- * The same (seed, layer) always gives bit-identical R, whatever the thread count.
+ * (kvs_xoshiro_seed, kvs_xoshiro_next and kvs_random_unit of core/random.h.) The same
+ * (seed, layer) always gives bit-identical R, whatever the thread count.
  *
  * Code of x (spec 2.3): bit i = ((R x)_i >= 0), the dot product in float32; bit i lives in word
  * i >> 6 at bit i & 63 of ceil(bits / 64) uint64 words; unused high bits are 0. */
@@ -95,16 +97,27 @@ typedef struct kvs_he_bytes {
 } kvs_he_bytes;
 int kvs_hashevict_bytes(const kvs_policy *p, kvs_he_bytes *b);
 
-/* Time spent inside before_append (CLOCK_MONOTONIC), summed over layers, split by phase:
- * [0] decode steps, [1] fed prompt tokens. hash = hashing the new key and the queries; victim
- * = the victim search; evict = removing the victim from the store (the compaction memmove) and
- * writing the table. steps counts tokens (before_append calls on layer 0). Setting the
- * environment variable KVS_HASHEVICT_TIMING (to anything) when the policy starts also prints
- * these per step to stderr when it stops. */
+/* Time spent inside before_append (CLOCK_MONOTONIC) since the prompt started, summed over
+ * layers, split by phase: [KVS_HE_DECODE] decode steps, [KVS_HE_FED] fed prompt tokens.
+ * hash = hashing the new key and the queries; victim = the victim search; evict = removing the
+ * victim from the store (the compaction memmove) and writing the table. steps counts tokens
+ * (before_append calls on layer 0). The policy never prints them: `kvslim bench` reads them
+ * after its decode loop (before the next prompt restarts the policy) through
+ * kvs_hashevict_timing of kvs_kv_policy(kvs_session_kv(session)), and prints
+ * kvs_hashevict_timing_line for each phase that has steps. */
+enum { KVS_HE_DECODE = 0, KVS_HE_FED = 1 };
 typedef struct kvs_he_timing {
     long steps[2];
     double hash_s[2], victim_s[2], evict_s[2];
 } kvs_he_timing;
+/* 0 and fills t if p is a started hashevict or l2evict policy; else -1 and zeros. */
 int kvs_hashevict_timing(const kvs_policy *p, kvs_he_timing *t);
+/* One line (no newline) of a phase's per-step costs in microseconds:
+ *   "SPEC timing, decode: N steps; per step: hash X us, victim search Y us, evict (store
+ *    compaction + table) Z us"   (phase "fed prompt tokens" for KVS_HE_FED)
+ * with SPEC the spec as the user typed it. Returns 0 when written, -1 (buf empty) if p is not a
+ * started hashevict or l2evict policy or the phase has no steps. bench/hashevict_bench.sh
+ * parses this line from bench's stderr. */
+int kvs_hashevict_timing_line(const kvs_policy *p, int phase, char *buf, size_t size);
 
 #endif

@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/random.h"
 #include "policies/policies.h"
 
 static const kvs_param_def params[] = {
@@ -143,26 +144,15 @@ kvs_status kvs_nacl_make_plan(const kvs_nacl_cfg *cfg, int p, int B, const char 
     return KVS_OK;
 }
 
-static uint64_t splitmix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
 static uint64_t stream_key(uint64_t seed, int layer, int head, uint64_t event)
 {
-    uint64_t k = splitmix64(seed);
-    k = splitmix64(k ^ (uint64_t)(uint32_t)layer);
-    k = splitmix64(k ^ (uint64_t)(uint32_t)head);
-    return splitmix64(k ^ event);
+    const uint64_t words[3] = {(uint32_t)layer, (uint32_t)head, event};
+    return kvs_random_key(seed, words, 3);
 }
 
 static double draw_uniform(uint64_t key, int64_t pos)
 {
-    uint64_t x = splitmix64(key ^ ((uint64_t)pos * 0xd1b54a32d192ed03ULL));
-    return ((double)(x >> 11) + 0.5) * 0x1p-53;
+    return kvs_random_unit_open(kvs_random_at(key, (uint64_t)pos));
 }
 
 static double draw_gumbel(uint64_t key, int64_t pos) { return -log(-log(draw_uniform(key, pos))); }
@@ -472,19 +462,14 @@ static kvs_status after_attention(kvs_policy *p, int layer, const float *probs, 
         return KVS_OK;
     const kvs_nacl_plan *pl = &s->plan;
     const int group = p->n_heads / p->n_kv_heads;
-    const float inv = 1.0f / (float)group;
     for (int h = 0; h < s->n_kv; h++) {
         const int n = s->cfg.mask ? s->n_live[layer * s->n_kv + h]
                                   : kvs_store_count(p->store, layer, h);
         if (n > s->dcap)
             return kvs_fail(err, KVS_ERR_ARG, "--kv %s: %d slots, more than budget + interval",
                             p->spec.user, n);
-        float *ds = s->dscore[layer] + (size_t)h * s->dcap;
-        for (int g = 0; g < group; g++) {
-            const float *pr = probs + (size_t)(h * group + g) * stride;
-            for (int j = 0; j < n; j++)
-                ds[j] += pr[j] * inv;
-        }
+        kvs_group_mean_add(s->dscore[layer] + (size_t)h * s->dcap,
+                           probs + (size_t)h * group * stride, (size_t)stride, group, n);
     }
     if (++s->steps[layer] % s->cfg.interval != 0)
         return KVS_OK;

@@ -47,8 +47,11 @@ int kvs_nacl_protected(const kvs_nacl_plan *pl, int pos);
  * decimal (0.29 * 100 = 28.999999999999996 gives 29). */
 int kvs_nacl_floor(double x);
 
-/* The uniform in (0, 1) of candidate position pos in stream (seed, layer, head, event):
- * splitmix64 of the key chain, top 53 bits, + 1/2 ulp (never 0 or 1). */
+/* The uniform of candidate position pos in stream (seed, layer, head, event), from
+ * core/random.h: key = kvs_random_key(seed, {(uint32_t)layer, (uint32_t)head, event}), then
+ * kvs_random_unit_open(kvs_random_at(key, pos)): the top 53 bits b of the draw as
+ * (b + 1/2) 2^-53. Never 0; exactly 1 only for b = 2^53 - 1 (the + 1/2 rounds to even above
+ * 2^52), whose Gumbel key is +inf: probability 2^-53 per draw. */
 double kvs_nacl_uniform(uint64_t seed, int layer, int head, uint64_t event, int64_t pos);
 /* Standard Gumbel noise -log(-log(u)) of the same stream. */
 double kvs_nacl_gumbel(uint64_t seed, int layer, int head, uint64_t event, int64_t pos);

@@ -2,7 +2,7 @@
  * slots with the lowest attention from the current query go. No protected slots.
  *
  * Attention of a slot = the softmax probability from the newest query, averaged over the query
- * heads of its KV head (GQA group mean).
+ * heads of its KV head (GQA group mean, kvs_group_mean_add).
  * Prefill: after every chunk, keep the top budget slots by the attention of the chunk's last
  * query row (computed here from c->q and the stored keys: scaled dot, softmax over every slot,
  * all of which are visible to the chunk's last position). Ties: the older slot goes.
@@ -66,22 +66,22 @@ static kvs_status prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kv
         const int n = kvs_store_count(p->store, layer, h);
         if (n <= p->budget)
             continue;
-        float *buf = scratch(p, (size_t)2 * n + hd, err);
+        float *buf = scratch(p, (size_t)(group + 1) * n + hd, err);
         if (!buf)
             return KVS_ERR_NOMEM;
-        float *score = buf, *row = buf + n, *key = buf + 2 * (size_t)n;
+        float *score = buf, *rows = buf + n, *key = buf + (size_t)(group + 1) * n;
         for (int j = 0; j < n; j++)
             score[j] = 0.0f;
         for (int g = 0; g < group; g++) {
             const float *q = q_last + (size_t)(h * group + g) * hd;
+            float *row = rows + (size_t)g * n;
             for (int j = 0; j < n; j++) {
                 kvs_store_key_f32(p->store, layer, h, j, key);
                 row[j] = kvs_dot_f32(q, key, hd) * scale;
             }
             kvs_softmax(row, n);
-            for (int j = 0; j < n; j++)
-                score[j] += row[j] / (float)group;
         }
+        kvs_group_mean_add(score, rows, (size_t)n, group, n);
         kvs_evict_keep_top(p->store, layer, h, score, p->budget, 0, 0, KVS_TIE_KEEP_NEWER);
     }
     return KVS_OK;
@@ -98,12 +98,9 @@ static kvs_status after_attention(kvs_policy *p, int layer, const float *probs, 
         float *score = scratch(p, (size_t)n, err);
         if (!score)
             return KVS_ERR_NOMEM;
-        for (int j = 0; j < n; j++) {
-            float s = 0.0f;
-            for (int g = 0; g < group; g++)
-                s += probs[(size_t)(h * group + g) * stride + j];
-            score[j] = s / (float)group;
-        }
+        for (int j = 0; j < n; j++)
+            score[j] = 0.0f;
+        kvs_group_mean_add(score, probs + (size_t)h * group * stride, (size_t)stride, group, n);
         if (n == p->budget + 1) {
             int victim = 0; /* strict <: the oldest of equal scores goes */
             for (int j = 1; j < n; j++)

@@ -4,7 +4,8 @@
  * the k most likely (ties: lower id), renormalise, keep the smallest most-likely-first prefix whose
  * cumulative probability reaches top_p (at least one token), renormalise, draw. Candidates are
  * ranked by logit (exact, no exp() rounding ties), NaN logits count as -inf. Arithmetic is in
- * double; the uniform draw takes 53 bits of a xoshiro256** generator seeded via splitmix64. */
+ * double; the uniform draw takes 53 bits of a xoshiro256** generator seeded via splitmix64
+ * (core/random.h). */
 #include "tokenizer/sampler.h"
 
 #include <math.h>
@@ -13,42 +14,19 @@
 
 #include "core/error.h"
 #include "core/number.h"
+#include "core/random.h"
 
 struct kvs_sampler {
     int n;
     kvs_sampler_params p;
-    uint64_t s[4];
+    kvs_xoshiro rng;
     int *cand;
     double *w;
     float *key; /* logits with NaN replaced by -inf */
 };
 
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t next_u64(kvs_sampler *s) /* xoshiro256** */
-{
-    uint64_t *st = s->s;
-    uint64_t r = rotl(st[1] * 5, 7) * 9;
-    uint64_t t = st[1] << 17;
-    st[2] ^= st[0];
-    st[3] ^= st[1];
-    st[1] ^= st[2];
-    st[0] ^= st[3];
-    st[2] ^= t;
-    st[3] = rotl(st[3], 45);
-    return r;
-}
-
 /* uniform in [0, 1) */
-static double next_unit(kvs_sampler *s) { return (double)(next_u64(s) >> 11) * 0x1.0p-53; }
+static double next_unit(kvs_sampler *s) { return kvs_random_unit(kvs_xoshiro_next(&s->rng)); }
 
 kvs_sampler_params kvs_sampler_default_params(void)
 {
@@ -86,8 +64,7 @@ kvs_status kvs_sampler_new(int n_vocab, const kvs_sampler_params *params, kvs_sa
         return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for a sampler");
     s->n = n_vocab;
     s->p = *params;
-    uint64_t x = params->seed;
-    for (int i = 0; i < 4; i++) s->s[i] = splitmix64(&x); /* splitmix64 never yields 4 zeros */
+    kvs_xoshiro_seed(&s->rng, params->seed);
     s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
     s->w = malloc((size_t)n_vocab * sizeof *s->w);
     s->key = malloc((size_t)n_vocab * sizeof *s->key);
