@@ -17,7 +17,7 @@ echo
 echo "| policy | KV bytes at end | peak KV bytes | (budget + chunk) x bytes/token | peak RSS | decode tok/s |"
 echo "|---|---|---|---|---|---|"
 for spec in "streaming:slots=$budget" "h2o:slots=$budget" full; do
-  "$kvslim" bench -m "$model" -p "$n_prompt" -n 16 --chunk "$chunk" -t 2 --kv "$spec" \
+  "$kvslim" bench -m "$model" -p "$n_prompt" -n 16 --chunk "$chunk" -t 2 --kv-type f32 --kv "$spec" \
     --json "$out/b.json" >/dev/null
   python3 - "$out/b.json" "$spec" "$budget" "$chunk" <<'PY'
 import json, sys

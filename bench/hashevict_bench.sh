@@ -78,7 +78,7 @@ run_one() { # spec tag round
     wait_quiet
     log "  round $r: $spec"
     b0=$(busy_ticks); o0=$(own_ticks); t0=$(date +%s%N)
-    "$KVSLIM" bench -m "$MODEL" -p "$N_PROMPT" -n "$N_GEN" -t "$THREADS" \
+    "$KVSLIM" bench -m "$MODEL" -p "$N_PROMPT" -n "$N_GEN" -t "$THREADS" --kv-type f32 \
         --kv "$spec" --json "$json" >/dev/null 2>"$err"
     b1=$(busy_ticks); o1=$(own_ticks); t1=$(date +%s%N)
     # cores used by other processes during the run

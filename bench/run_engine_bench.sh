@@ -191,7 +191,7 @@ run_engine_once() { # engine type threads round -> echoes the foreign load x 100
     wait_quiet
     before=$(cpu_snapshot "$me")
     case $engine in
-    kvslim) "$KVSLIM" bench -m "$model" -p "$N_PROMPT" -n "$N_GEN" -t "$t" --json "$json" >/dev/null ;;
+    kvslim) "$KVSLIM" bench -m "$model" -p "$N_PROMPT" -n "$N_GEN" -t "$t" --kv-type f32 --json "$json" >/dev/null ;;
     llama-capi) "$LLAMA_CAPI" -m "$model" -p "$N_PROMPT" -n "$N_GEN" -t "$t" --json "$json" >/dev/null ;;
     llama-node) node "$LLAMA_NODE" --node-modules "$LL/node_modules" -m "$model" \
         -p "$N_PROMPT" -n "$N_GEN" -t "$t" --json "$json" >/dev/null ;;

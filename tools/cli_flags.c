@@ -114,7 +114,8 @@ static const flag_def flags[] = {
      "every one-shot run; those rows have budget 'eq:<slots>' and\n"
      "name the one-shot runs they match (equal_memory_of)"},
     {FL_KV_TYPE, NULL, "--kv-type", K_WORD, "TYPE", SESSION, 0, 0, 0, kv_types,
-     "KV storage type: f32 (default) or f16"},
+     "KV storage type: f32 or f16 (default: f16 for run and bench,\n"
+     "f32 for eval and logits, which measure)"},
     {FL_THREADS, "-t", "--threads", K_INT, "N", SESSION, 1, 256, 0, NULL,
      "threads (default: online CPUs, at most 8; more than the online\n"
      "CPUs are clamped to their number)"},
@@ -404,10 +405,16 @@ int cli_threads(const cli_args *a)
     return n;
 }
 
+const char *cli_default_kv_type(const char *cmd)
+{
+    /* run and bench store F16 as llama.cpp does; eval and logits measure against F32, the
+     * reference ../shared/reference was made with. */
+    return !strcmp(cmd, "run") || !strcmp(cmd, "bench") ? "f16" : "f32";
+}
+
 int cli_kv_params(const cli_args *a, kvs_session_params *p)
 {
-    if (a->given[FL_KV_TYPE])
-        p->kv_type = a->str[FL_KV_TYPE];
+    p->kv_type = a->given[FL_KV_TYPE] ? a->str[FL_KV_TYPE] : cli_default_kv_type(a->cmd->name);
     if (!a->given[FL_KV])
         return 0;
     kvs_error err = {0};

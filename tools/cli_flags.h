@@ -101,6 +101,8 @@ int cli_threads(const cli_args *a);
 /* Applies --kv (checked with the library's spec parser) and --kv-type to session params.
  * Returns 0, or prints an error and returns -1 (a usage error). */
 int cli_kv_params(const cli_args *a, kvs_session_params *p);
+/* The KV storage type a command uses when --kv-type is not given. */
+const char *cli_default_kv_type(const char *cmd);
 
 /* Prints cmd's help: its prose, then its options from the table. */
 void cli_help(const cli_command *cmd, FILE *f);

@@ -238,6 +238,12 @@ static int bench(const cli_args *a)
         }
         kv_bytes = kvs_session_kv_bytes(s);
         kv_peak = kvs_session_kv_peak_bytes(s);
+        char line[512]; /* the policy's own per-step costs, if it measures any */
+        for (int i = 0; i < 8; i++)
+            if (kvs_session_policy_report(s, i, line, sizeof line) == 0) {
+                cli_progress_end();
+                fprintf(stderr, "%s\n", line);
+            }
     }
     cli_progress_end();
     double prefill = sum_prefill / reps, decode = sum_decode / reps,

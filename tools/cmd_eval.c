@@ -696,7 +696,7 @@ static int eval(const cli_args *a)
     eval_state e = {0};
     e.model_path = a->str[FL_MODEL];
     e.tokens_path = a->str[FL_TOKENS];
-    e.kv_type = a->str[FL_KV_TYPE];
+    e.kv_type = a->given[FL_KV_TYPE] ? a->str[FL_KV_TYPE] : cli_default_kv_type(cmd);
     e.json_path = a->str[FL_JSON];
     e.csv_path = a->str[FL_CSV];
     e.plot_path = a->str[FL_PLOT];

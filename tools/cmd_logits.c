@@ -73,6 +73,9 @@ static int logits(const cli_args *a)
         err.msg[0] = 0;
         goto fail;
     }
+    if (dst.path && strcmp(dst.path, "-"))
+        fprintf(stderr, "wrote %s: %d x %d logits (KV %s, policy %s)\n", out_path, n,
+                info.n_vocab, params.kv_type, params.kv_policy ? params.kv_policy : "full");
     rc = CLI_OK;
 fail:
     if (rc != CLI_OK && err.msg[0]) {

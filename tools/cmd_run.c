@@ -18,16 +18,16 @@ static const cli_command run_cmd = {
     "never follows echoed text.\n",
     NULL};
 
-static void print_stats(const kvs_session *s, int n_prompt, int n_gen, double t_prefill,
-                        double t_decode)
+static void print_stats(const kvs_session *s, const char *kv_type, int n_prompt, int n_gen,
+                        double t_prefill, double t_decode)
 {
     char held[32], full[32];
     fprintf(stderr,
             "prompt %d tokens, generated %d tokens, prefill %.1f tok/s, decode %.1f tok/s, "
-            "KV %s held (full F16 cache: %s)\n",
+            "KV %s held in %s (full F16 cache: %s)\n",
             n_prompt, n_gen, t_prefill > 0 ? n_prompt / t_prefill : 0.0,
             t_decode > 0 && n_gen > 1 ? (n_gen - 1) / t_decode : 0.0,
-            cli_bytes(held, sizeof held, (double)kvs_session_kv_bytes(s)),
+            cli_bytes(held, sizeof held, (double)kvs_session_kv_bytes(s)), kv_type,
             cli_bytes(full, sizeof full, (double)kvs_session_kv_bytes_full_f16(s)));
 }
 
@@ -123,7 +123,7 @@ static int run(const cli_args *a)
     if (!stop_token && n_gen < n_predict)
         fprintf(stderr, "kvslim run: stopped: the context of %d tokens is full (prompt %d, "
                         "generated %d)\n", ctx, n_prompt, n_gen);
-    print_stats(s, n_prompt, n_gen, t_prefill, t_decode);
+    print_stats(s, params.kv_type, n_prompt, n_gen, t_prefill, t_decode);
     rc = CLI_OK;
 fail:
     if (rc != CLI_OK) {

@@ -413,3 +413,11 @@ size_t kvs_session_kv_bytes_full_f16(const kvs_session *s)
 }
 
 kvs_kv *kvs_session_kv(kvs_session *s) { return s->kv; }
+
+int kvs_session_policy_report(kvs_session *s, int i, char *buf, size_t size)
+{
+    const kvs_policy *p = kvs_kv_policy(s->kv);
+    if (size > 0)
+        buf[0] = 0;
+    return p && p->type->report ? p->type->report(p, i, buf, size) : -1;
+}

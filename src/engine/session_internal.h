@@ -6,5 +6,8 @@
 #include "kvslim.h"
 
 kvs_kv *kvs_session_kv(kvs_session *s);
+/* Line i of the session's KV policy's own measurements (kvs_policy_type.report): 0 written,
+ * -1 none. */
+int kvs_session_policy_report(kvs_session *s, int i, char *buf, size_t size);
 
 #endif

@@ -132,6 +132,10 @@ typedef struct kvs_policy_type {
      * unchanged. A policy that keeps positions or key-derived data of its own (hash codes)
      * updates them here. Optional. */
     kvs_status (*shift)(kvs_policy *p, int layer, const kvs_shift_info *sh, kvs_error *err);
+    /* Optional: line i (0, 1, ...) of the policy's own measurements since the prompt began
+     * (e.g. HashEvict's per-step costs), for `kvslim bench` to print; 0 when a line was
+     * written, -1 when there is none for i. Policies never print. */
+    int (*report)(const kvs_policy *p, int i, char *buf, size_t size);
 } kvs_policy_type;
 
 /* Registry. */

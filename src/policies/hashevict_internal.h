@@ -34,7 +34,7 @@ kvs_status kvs_he_shift(kvs_policy *p, int layer, const kvs_shift_info *sh, kvs_
     .kind = KVS_KIND_EVICTING, .min_budget = kvs_he_min_budget, .stop = kvs_he_stop,          \
     .state_bytes = kvs_he_state_bytes, .prompt_batch = kvs_he_prompt_batch,                    \
     .prefill_chunk = kvs_he_prefill_chunk, .before_append = kvs_he_before_append,              \
-    .shift = kvs_he_shift
+    .shift = kvs_he_shift, .report = kvs_hashevict_timing_line
 
 /* l2evict's slot metadata: the L2 norm of a key row as stored (summed in double). */
 float kvs_he_l2_norm(const float *x, int n);
