@@ -19,6 +19,7 @@
 
 #include "kv/kv.h"
 #include "kv/policy.h"
+#include "policies/registry.h"
 #include "kvslim.h"
 
 enum { FX_N_TOK = 512, FX_PROMPT = 384, FX_MAX_L = 8, FX_MAX_H = 8, FX_MAX_HD = 64 };

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 
 typedef unsigned long long ull;
 

@@ -22,6 +22,7 @@
 #include "kv/kv.h"
 #include "kv/kv_store.h"
 #include "kv/policy.h"
+#include "policies/registry.h"
 #include "kvslim.h"
 #include "policies/hashevict.h"
 

@@ -8,7 +8,7 @@
 #include "check.h"
 #include "eval/eval.h"
 #include "kvslim.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 
 enum { DIM = 32, HIDDEN = 64, LAYERS = 2, HEADS = 4, KV = 2, VOCAB = 300, CTX = 64 };
 

@@ -10,7 +10,7 @@
 
 #include "check.h"
 #include "core/outfile.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 
 static char dir[512];
 

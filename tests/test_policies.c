@@ -17,6 +17,7 @@
 #include "kv/kv.h"
 #include "kv/kv_store.h"
 #include "kv/policy.h"
+#include "policies/registry.h"
 #include "kvslim.h"
 
 enum { N_TOK = FX_N_TOK, PROMPT = FX_PROMPT };

@@ -9,6 +9,7 @@
 #include "check.h"
 #include "kv/kv_store.h"
 #include "kv/policy.h"
+#include "policies/registry.h"
 #include "policies/policies.h"
 #include "policies/scorer.h"
 

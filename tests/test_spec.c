@@ -4,6 +4,7 @@
 
 #include "check.h"
 #include "kv/policy.h"
+#include "policies/registry.h"
 #include "policy_check.h"
 
 /* Parses spec; 1 if it is accepted with canonical text `text` (NULL: any) */

@@ -8,7 +8,7 @@
 #include <time.h>
 
 #include "check.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
 
 #define SP "\xe2\x96\x81" /* U+2581 */

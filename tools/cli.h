@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/outfile.h"
+#include "kvslim_tools.h"
 #include "kvslim.h"
 
 /* Exit codes: 0 success, 1 runtime failure (bad file, I/O), 2 bad usage. */

@@ -6,7 +6,7 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "core/number.h"
+#include "kvslim_tools.h"
 
 #ifndef KVS_VERSION
 #define KVS_VERSION "unknown"

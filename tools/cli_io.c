@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/number.h"
+#include "kvslim_tools.h"
 
 /* ---- temporary files removed on SIGINT / SIGTERM / SIGHUP ----
  *

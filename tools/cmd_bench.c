@@ -7,11 +7,7 @@
 
 #include "cli.h"
 #include "cli_flags.h"
-#include "core/error.h"
-#include "core/number.h"
-#include "core/dtype.h"
-#include "engine/session_internal.h"
-#include "model/llama_write.h"
+#include "kvslim_tools.h"
 
 static const cli_command bench_cmd = {
     "bench", CMD_BENCH,

@@ -4,8 +4,7 @@
 
 #include "cli.h"
 #include "cli_flags.h"
-#include "core/dtype.h"
-#include "model/llama_write.h"
+#include "kvslim_tools.h"
 
 static const cli_command convert_cmd = {
     "convert", CMD_CONVERT,

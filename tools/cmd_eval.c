@@ -8,10 +8,7 @@
 
 #include "cli.h"
 #include "cli_flags.h"
-#include "core/error.h"
-#include "core/number.h"
-#include "eval/eval.h"
-#include "kv/policy.h"
+#include "kvslim_tools.h"
 
 static const cli_command eval_cmd = {
     "eval", CMD_EVAL,

@@ -5,7 +5,7 @@
 
 #include "cli.h"
 #include "cli_flags.h"
-#include "core/error.h"
+#include "kvslim_tools.h"
 
 static const cli_command logits_cmd = {
     "logits", CMD_LOGITS,

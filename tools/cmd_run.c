@@ -5,8 +5,7 @@
 
 #include "cli.h"
 #include "cli_flags.h"
-#include "core/error.h"
-#include "tokenizer/sampler.h"
+#include "kvslim_tools.h"
 
 static const cli_command run_cmd = {
     "run", CMD_RUN,

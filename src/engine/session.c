@@ -12,6 +12,7 @@
 #include "kv/kv.h"
 #include "model/forward.h"
 #include "model/llama.h"
+#include "policies/registry.h"
 #include "engine/session_internal.h"
 
 struct kvs_session {
@@ -216,12 +217,12 @@ kvs_status kvs_session_new(const kvs_model *m, const kvs_session_params *p, kvs_
     kvs_policy_spec spec;
     if (p->kv_type && kvs_dtype_parse(p->kv_type, &cfg.type) != 0)
         st = kvs_fail(err, KVS_ERR_ARG, "--kv-type: unknown type '%s' (f32 or f16)", p->kv_type);
-    if (st == KVS_OK && p->kv_policy)
-        st = kvs_policy_parse(p->kv_policy, &spec, err);
+    if (st == KVS_OK) /* no policy: the full cache, the "full" policy */
+        st = kvs_policy_parse(p->kv_policy ? p->kv_policy : "full", &spec, err);
     if (st == KVS_OK)
-        st = kvs_kv_new(&cfg, p->kv_policy ? &spec : NULL, &s->kv, err);
+        st = kvs_kv_new(&cfg, &spec, &s->kv, err);
     if (st == KVS_OK)
-        st = setup_context(s, p->kv_policy ? &spec : NULL, err);
+        st = setup_context(s, &spec, err);
     if (st == KVS_OK && !(s->pool = kvs_pool_create(p->n_threads)))
         st = kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
     if (st == KVS_OK)

@@ -11,6 +11,7 @@
 #include "engine/session_internal.h"
 #include "kv/kv.h"
 #include "kv/kv_store.h"
+#include "policies/registry.h"
 
 double kvs_eval_logsumexp(const float *x, int n)
 {

@@ -6,7 +6,6 @@
 #include <time.h>
 
 #include "kv/attention.h"
-#include "policies/policies.h"
 
 struct kvs_kv {
     kvs_kv_config cfg;
@@ -58,12 +57,7 @@ kvs_status kvs_kv_new(const kvs_kv_config *cfg, const kvs_policy_spec *spec, kvs
     if (!kv)
         return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
     kv->cfg = *cfg;
-    if (spec) {
-        kv->policy.spec = *spec;
-    } else {
-        kv->policy.spec.type = &kvs_policy_full;
-        snprintf(kv->policy.spec.text, sizeof kv->policy.spec.text, "full");
-    }
+    kv->policy.spec = *spec; /* the full cache is the "full" policy, parsed by the caller */
     kv->policy.type = kv->policy.spec.type;
     kv->policy.n_layers = cfg->n_layers;
     kv->policy.n_heads = cfg->n_heads;

@@ -138,13 +138,6 @@ typedef struct kvs_policy_type {
     int (*report)(const kvs_policy *p, int i, char *buf, size_t size);
 } kvs_policy_type;
 
-/* Registry. */
-const kvs_policy_type *const *kvs_policy_types(int *n);
-const kvs_policy_type *kvs_policy_find(const char *name);
-/* Parses "NAME[:key=value,...]"; errors list the accepted names, keys and ranges. */
-kvs_status kvs_policy_parse(const char *text, kvs_policy_spec *out, kvs_error *err);
-/* Lists every policy with its parameters and defaults. */
-void kvs_policy_help(FILE *f);
 /* Value of a declared parameter (its default when not given); a word-valued parameter gives
  * its word's index. */
 double kvs_policy_param(const kvs_policy *p, const char *name);
@@ -182,5 +175,17 @@ typedef enum kvs_tie { KVS_TIE_KEEP_OLDER, KVS_TIE_KEEP_NEWER } kvs_tie;
  * compacts the store. score has one entry per slot. Returns the kept count. */
 int kvs_evict_keep_top(kvs_store *s, int layer, int head, const float *score, int budget,
                        int sinks, int recent, kvs_tie tie);
+
+/* For policies' start hooks: a budget given as a token count must fit the context (the
+ * store's slot limit); a budget as large as the context keeps everything. */
+static inline kvs_status kvs_policy_check_context(const kvs_policy *p, kvs_error *err)
+{
+    const int ctx = kvs_store_cfg(p->store)->max_slots;
+    if (!p->spec.budget_is_fraction && p->budget > ctx)
+        return kvs_fail(err, KVS_ERR_ARG,
+                        "--kv %s: budget of %d slots exceeds the context of %d tokens",
+                        p->spec.user, p->budget, ctx);
+    return KVS_OK;
+}
 
 #endif

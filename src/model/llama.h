@@ -6,7 +6,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
 
 typedef struct kvs_hparams {

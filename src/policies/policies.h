@@ -23,16 +23,4 @@ extern const kvs_policy_type kvs_policy_l2evict;
         &kvs_policy_snapkv.type, &kvs_policy_knorm.type, &kvs_policy_random.type,            \
         &kvs_policy_quest, &kvs_policy_nacl, &kvs_policy_hashevict, &kvs_policy_l2evict
 
-/* For policies' start hooks: a budget given as a token count must fit the context (the
- * store's slot limit); a budget as large as the context keeps everything. */
-static inline kvs_status kvs_policy_check_context(const kvs_policy *p, kvs_error *err)
-{
-    const int ctx = kvs_store_cfg(p->store)->max_slots;
-    if (!p->spec.budget_is_fraction && p->budget > ctx)
-        return kvs_fail(err, KVS_ERR_ARG,
-                        "--kv %s: budget of %d slots exceeds the context of %d tokens",
-                        p->spec.user, p->budget, ctx);
-    return KVS_OK;
-}
-
 #endif

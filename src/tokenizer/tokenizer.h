@@ -5,7 +5,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 
 /* GGUF token types (tokenizer.ggml.token_type). */
 enum {

@@ -4,7 +4,7 @@
  * rejected; nested arrays are validated (up to KVS_GGUF_MAX_NESTING levels) but their elements
  * are not exposed; key and tensor names must be valid UTF-8 without NUL bytes; string values
  * are not checked for UTF-8. */
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,7 +1,7 @@
 /* GGUF v3 writer: keys and tensors are collected in memory (tensor data by reference), then
  * written out through core/outfile (a temporary file beside the target, renamed into place;
  * FIFOs and devices written through). */
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,0 +1,32 @@
+/* kvslim's internal tools API: what the command-line tools (tools/), the benchmarks and the
+ * tests need beyond the public API (include/kvslim.h). Not installed, not stable.
+ *
+ * The tools include only kvslim.h, this header and their own; tests/layers.sh checks it.
+ * Everything here is declared in the library layer that owns it:
+ *   core/number.h        the one decimal number parser and limit formatting
+ *   core/error.h         kvs_fail: a status with a formatted message
+ *   core/dtype.h         tensor types by name (convert --type, bench --synthetic type=)
+ *   core/outfile.h       output destinations (atomic replace, write-through, inputs refused)
+ *   model/llama_write.h  llama2.c conversion and synthetic models (convert, bench)
+ *   engine/session_internal.h  a session's kv layer: timings of the KV layer and the policy's
+ *                        own report lines (bench)
+ *   kv/kv.h              those timings (kvs_kv_decode_seconds, kvs_kv_prefill_hook_seconds)
+ *   policies/registry.h  the policy registry and the --kv parser (eval lists policies)
+ *   eval/eval.h          the fidelity harness (eval) */
+#ifndef KVSLIM_TOOLS_H
+#define KVSLIM_TOOLS_H
+
+#include "kvslim.h"
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/number.h"
+#include "core/outfile.h"
+#include "engine/session_internal.h"
+#include "eval/eval.h"
+#include "kv/kv.h"
+#include "kv/policy.h"
+#include "policies/registry.h"
+#include "model/llama_write.h"
+
+#endif
