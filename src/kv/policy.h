@@ -166,8 +166,10 @@ kvs_status kvs_policy_add_group_mean(const kvs_policy *p, int layer, const kvs_c
 typedef enum kvs_tie { KVS_TIE_KEEP_OLDER, KVS_TIE_KEEP_NEWER } kvs_tie;
 /* Keeps in one head: the `sinks` oldest slots, the `recent` newest slots, and the highest
  * score[] among the rest until `budget` slots are kept (ties by position as `tie` says);
- * compacts the store. score has one entry per slot. Returns the kept count. */
-int kvs_evict_keep_top(kvs_store *s, int layer, int head, const float *score, int budget,
-                       int sinks, int recent, kvs_tie tie);
+ * compacts the store. score has one entry per slot. A head of at most budget slots is left as
+ * it is. KVS_ERR_NOMEM (nothing evicted) if the ranking's memory cannot be had: the caller must
+ * fail, as its cache is then over budget. */
+kvs_status kvs_evict_keep_top(kvs_store *s, int layer, int head, const float *score, int budget,
+                              int sinks, int recent, kvs_tie tie, kvs_error *err);
 
 #endif

@@ -523,8 +523,10 @@ static kvs_status prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kv
                     kvs_store_key_f32(p->store, layer, h, i, key);
                     score[i] = -l2_norm(key, hd); /* keep-top keeps the highest */
                 }
-                kvs_evict_keep_top(p->store, layer, h, score, C, st->sinks, st->recent,
-                                   KVS_TIE_KEEP_NEWER);
+                kvs_status ks = kvs_evict_keep_top(p->store, layer, h, score, C, st->sinks,
+                                                   st->recent, KVS_TIE_KEEP_NEWER, err);
+                if (ks != KVS_OK)
+                    return ks;
             }
             /* The table in position order: physical slot = rank. */
             n = kvs_store_count(p->store, layer, h);

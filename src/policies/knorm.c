@@ -43,8 +43,11 @@ static kvs_status prefill_end(kvs_policy *p, int layer, kvs_error *err)
                 ss += (double)key[i] * key[i];
             score[j] = (float)-round_norm(sqrt(ss)); /* keep-top keeps the highest */
         }
-        kvs_evict_keep_top(p->store, layer, h, score, p->budget, 0, 0, KVS_TIE_KEEP_OLDER);
+        kvs_status st = kvs_evict_keep_top(p->store, layer, h, score, p->budget, 0, 0,
+                                           KVS_TIE_KEEP_OLDER, err);
         free(score);
+        if (st != KVS_OK)
+            return st;
     }
     return KVS_OK;
 }

@@ -128,8 +128,11 @@ static kvs_status prefill_end(kvs_policy *p, int layer, kvs_error *err)
         }
         for (int i = prefix; i < n; i++)
             pooled[i] = 0.0f; /* the window: protected, its score is not read */
-        kvs_evict_keep_top(p->store, layer, h, pooled, budget, 0, window, KVS_TIE_KEEP_OLDER);
+        st = kvs_evict_keep_top(p->store, layer, h, pooled, budget, 0, window,
+                                KVS_TIE_KEEP_OLDER, err);
         free(pooled);
+        if (st != KVS_OK)
+            break;
     }
     free(s->score[layer]);
     s->score[layer] = NULL;
