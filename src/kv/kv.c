@@ -467,7 +467,8 @@ kvs_status kvs_kv_shift(kvs_kv *kv, int32_t next, const kvs_rope_cfg *rope, int3
         return kvs_fail(err, KVS_ERR_ARG, "position shifting cannot run with the attention "
                         "recall measurement, which keeps every key at its first position");
     const int L = kv->cfg.n_layers, nkv = kv->cfg.n_kv_heads;
-    double sinks = kvs_policy_param(&kv->policy, "sinks");
+    /* Policies without sinks (h2o, tova) keep no position in place. */
+    double sinks = kvs_policy_param_or(&kv->policy, "sinks", 0.0);
     int32_t keep = sinks < 0 ? 0 : sinks > next ? next : (int32_t)sinks;
     /* The next position must stay above every moved slot: keep + the non-prefix slots. */
     int64_t need = keep, most = 0;

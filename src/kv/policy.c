@@ -354,17 +354,32 @@ void kvs_policy_help(FILE *f)
     }
 }
 
+int kvs_policy_param_index(const kvs_policy_type *t, const char *name)
+{
+    for (int i = 0; i < t->n_params; i++)
+        if (!strcmp(t->params[i].name, name))
+            return i;
+    return -1;
+}
+
 double kvs_policy_spec_param(const kvs_policy_spec *spec, const char *name)
 {
-    for (int i = 0; i < spec->type->n_params; i++)
-        if (!strcmp(spec->type->params[i].name, name))
-            return spec->values[i];
-    return 0.0;
+    const int i = kvs_policy_param_index(spec->type, name);
+    /* A name the type does not declare is a typo in the code asking, never the user's: every
+     * key the user gives was checked against the declarations when the spec was parsed. */
+    KVS_ASSERT(i >= 0 && "the policy declares no parameter of this name");
+    return i >= 0 ? spec->values[i] : 0.0;
 }
 
 double kvs_policy_param(const kvs_policy *p, const char *name)
 {
     return kvs_policy_spec_param(&p->spec, name);
+}
+
+double kvs_policy_param_or(const kvs_policy *p, const char *name, double fallback)
+{
+    const int i = kvs_policy_param_index(p->spec.type, name);
+    return i >= 0 ? p->spec.values[i] : fallback;
 }
 
 int kvs_policy_min_budget(const kvs_policy_spec *spec)

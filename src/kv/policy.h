@@ -141,11 +141,17 @@ const kvs_policy_type *kvs_policy_find(const char *name);
 kvs_status kvs_policy_parse(const char *text, kvs_policy_spec *out, kvs_error *err);
 /* Lists every policy with its parameters and defaults. */
 void kvs_policy_help(FILE *f);
+/* Index of the parameter called name in t->params, or -1 if t declares none of that name. */
+int kvs_policy_param_index(const kvs_policy_type *t, const char *name);
 /* Value of a declared parameter (its default when not given); a word-valued parameter gives
- * its word's index. */
+ * its word's index. The name must be one the policy's type declares: an undeclared one is a
+ * programming error, stopped by KVS_ASSERT in debug builds (0.0 in release builds). */
 double kvs_policy_param(const kvs_policy *p, const char *name);
-/* Value of a declared parameter in a parsed spec (its default when not given). */
+/* The same for a parsed spec. */
 double kvs_policy_spec_param(const kvs_policy_spec *spec, const char *name);
+/* A parameter only some policies declare (the sinks position shifting leaves in place): its
+ * value, or fallback for a type that does not declare it. */
+double kvs_policy_param_or(const kvs_policy *p, const char *name, double fallback);
 /* The smallest budget in slots the spec's policy accepts (type->min_budget, else 1). */
 int kvs_policy_min_budget(const kvs_policy_spec *spec);
 /* Slots per (layer, head) for a prompt of n_prompt tokens: a fraction F gives round(F * n)
