@@ -56,7 +56,7 @@ kvs_status kvs_kv_new(const kvs_kv_config *cfg, const kvs_policy_spec *spec, kvs
                         kvs_dtype_name(cfg->type));
     kvs_kv *kv = calloc(1, sizeof *kv);
     if (!kv)
-        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
+        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for the KV cache");
     kv->cfg = *cfg;
     if (spec) {
         kv->policy.spec = *spec;
@@ -96,7 +96,7 @@ kvs_status kvs_kv_new(const kvs_kv_config *cfg, const kvs_policy_spec *spec, kvs
     }
     if (!ok) {
         kvs_kv_free(kv);
-        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
+        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for the KV cache");
     }
     *out = kv;
     return KVS_OK;
@@ -241,7 +241,8 @@ static kvs_status prompt_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, con
         if ((size_t)n > kv->row_mask_cap) {
             uint8_t *m = realloc(kv->row_mask, (size_t)n);
             if (!m)
-                return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
+                return kvs_fail(err, KVS_ERR_NOMEM,
+                                "out of memory for a prompt batch of %d tokens", n);
             kv->row_mask = m;
             kv->row_mask_cap = (size_t)n;
         }
@@ -345,7 +346,7 @@ static kvs_status decode_layer(kvs_kv *kv, kvs_pool *pool, int layer, const floa
         size_t need = (size_t)nkv * stride;
         int *sel = realloc(kv->sel, sizeof(int) * need);
         if (!sel)
-            return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
+            return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for the selected slots");
         kv->sel = sel;
         int any = 0;
         for (int h = 0; h < nkv; h++) {
@@ -385,7 +386,7 @@ static kvs_status decode_layer(kvs_kv *kv, kvs_pool *pool, int layer, const floa
             if (need > kv->recall_cap) {
                 float *r = realloc(kv->recall_row, sizeof(float) * need);
                 if (!r)
-                    return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
+                    return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for the attention recall measurement");
                 kv->recall_row = r;
                 kv->recall_cap = need;
             }
