@@ -22,6 +22,17 @@
 
 extern void openblas_set_num_threads(int);
 
+/* kvs_matmul, stopping the benchmark if it cannot run. */
+static void mm(kvs_pool *pool, float *y, const float *x, const void *w, kvs_dtype wt, int rows,
+               int n_in, int n_out)
+{
+    kvs_status st = kvs_matmul(pool, y, x, w, wt, rows, n_in, n_out);
+    if (st != KVS_OK) {
+        fprintf(stderr, "bench_matmul: kvs_matmul: %s\n", kvs_status_name(st));
+        exit(1);
+    }
+}
+
 static double now(void)
 {
     struct timespec ts;
@@ -92,11 +103,11 @@ static void bench_type(kvs_dtype wt, int nt, int reps, int with_blas)
         const int n_in = shapes[s][0], n_out = shapes[s][1];
         size_t bytes;
         void *w = make_weights(wt, n_in, n_out, &bytes);
-        kvs_matmul(pool, y, x, w, wt, rows, n_in, n_out); /* warm up */
+        mm(pool, y, x, w, wt, rows, n_in, n_out); /* warm up */
         double best = 1e30;
         for (int r = 0; r < reps; r++) {
             double t = now();
-            kvs_matmul(pool, y, x, w, wt, rows, n_in, n_out);
+            mm(pool, y, x, w, wt, rows, n_in, n_out);
             t = now() - t;
             best = t < best ? t : best;
         }
@@ -121,7 +132,7 @@ static void bench_type(kvs_dtype wt, int nt, int reps, int with_blas)
         best = 1e30;
         for (int r = 0; r < reps * 20; r++) {
             double t = now();
-            kvs_matmul(pool, y, x, w, wt, 1, n_in, n_out);
+            mm(pool, y, x, w, wt, 1, n_in, n_out);
             t = now() - t;
             best = t < best ? t : best;
         }
@@ -151,7 +162,7 @@ static void bench_type(kvs_dtype wt, int nt, int reps, int with_blas)
         double t = now();
         for (int l = 0; l < LAYERS; l++)
             for (int m = 0; m < MATS; m++)
-                kvs_matmul(pool, y, x, ws[l][m], wt, 1, shapes[mshape[m]][0], shapes[mshape[m]][1]);
+                mm(pool, y, x, ws[l][m], wt, 1, shapes[mshape[m]][0], shapes[mshape[m]][1]);
         t = now() - t;
         if (r > 0)
             best = t < best ? t : best;

@@ -103,7 +103,10 @@ void kvs_session_reset(kvs_session *s);
  * paper prefill feeds the prompt beyond its budget one token at a time) and the KV policy
  * compresses it by its rule;
  * later calls are decode steps, one token at a time. If logits is non-NULL it receives
- * n x n_vocab floats when all_logits, else the n_vocab logits of the last token. */
+ * n x n_vocab floats when all_logits, else the n_vocab logits of the last token. A call refused
+ * before it starts (a bad token id, no room in the context) leaves the session as it was; a call
+ * that fails part way (out of memory, non-finite values) leaves it reset (as kvs_session_reset,
+ * holding no slots), since a half-processed batch cannot be continued. */
 kvs_status kvs_session_eval(kvs_session *s, const int32_t *tokens, int n, float *logits,
                             int all_logits, kvs_error *err);
 /* Tokens fed since creation or reset (0 for NULL). */

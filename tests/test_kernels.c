@@ -425,7 +425,7 @@ static void check_matmul_case(kvs_pool **pools, int n_pools, kvs_dtype wt, int n
     for (int p = 0; p < n_pools; p++) {
         for (int i = 0; i < n_rows * n_out; i++)
             y[i] = NAN;
-        kvs_matmul(pools[p], y, x, w, wt, n_rows, n_in, n_out);
+        CHECK(kvs_matmul(pools[p], y, x, w, wt, n_rows, n_in, n_out) == KVS_OK);
         int bad = 0;
         double worst = 0;
         for (size_t i = 0; i < (size_t)n_rows * n_out; i++) {
@@ -499,8 +499,18 @@ static void test_matmul(void)
 
     /* n_rows == 0 / n_out == 0 are no-ops */
     float yy = 42.0f, xx = 1.0f, ww = 1.0f;
-    kvs_matmul(pools[2], &yy, &xx, &ww, KVS_F32, 0, 1, 1);
-    kvs_matmul(pools[2], &yy, &xx, &ww, KVS_F32, 1, 1, 0);
+    CHECK(kvs_matmul(pools[2], &yy, &xx, &ww, KVS_F32, 0, 1, 1) == KVS_OK);
+    CHECK(kvs_matmul(pools[2], &yy, &xx, &ww, KVS_F32, 1, 1, 0) == KVS_OK);
+    CHECK(yy == 42.0f);
+    /* A weight type without a kernel, or a row that is not whole blocks, is refused: y is not
+     * written and the caller learns it (the loader admits only supported types, so the forward
+     * pass names the tensor if one ever reaches it). */
+    float wq[64] = {0}, xq[64] = {0};
+    yy = 42.0f;
+    CHECK(kvs_matmul(pools[2], &yy, xq, wq, (kvs_dtype)7, 1, 32, 1) == KVS_ERR_UNSUPPORTED);
+    CHECK(kvs_matmul(NULL, &yy, xq, wq, (kvs_dtype)7, 1, 32, 1) == KVS_ERR_UNSUPPORTED);
+    CHECK(kvs_matmul(pools[2], &yy, xq, wq, KVS_Q8_0, 1, 17, 1) == KVS_ERR_ARG);
+    CHECK(kvs_matmul(pools[2], &yy, xq, wq, KVS_F32, -1, 1, 1) == KVS_ERR_ARG);
     CHECK(yy == 42.0f);
     for (int i = 0; i < 4; i++)
         kvs_pool_destroy(pools[i]);

@@ -7,7 +7,15 @@
 #include <stdint.h>
 
 #include "dtype.h"
+#include "kvslim.h"
 #include "threadpool.h"
+
+/* A status the caller must look at (a warning, so an error under -Werror, if it is dropped). */
+#if defined(__GNUC__)
+#define KVS_MUST_CHECK __attribute__((warn_unused_result))
+#else
+#define KVS_MUST_CHECK
+#endif
 
 /* IEEE half and bfloat16 conversions; fp32 -> half/bf16 round to nearest even, NaN preserved. */
 float kvs_fp16_to_fp32(uint16_t h);
@@ -27,9 +35,12 @@ void kvs_quantize_row(kvs_dtype t, const float *src, void *dst, int64_t n);
  * W is n_out rows of n_in elements of type wt (row stride = bytes of n_in elements).
  * x is n_rows x n_in fp32 (row stride n_in), y is n_rows x n_out fp32 (row stride n_out).
  * Runs on every thread of pool. Q8_0/Q4_0 weights may quantise x to Q8_0 internally (as GGML
- * does), so results differ from the fp32 reference by that rounding. */
-void kvs_matmul(kvs_pool *pool, float *y, const float *x, const void *w, kvs_dtype wt,
-                int n_rows, int n_in, int n_out);
+ * does), so results differ from the fp32 reference by that rounding. n_rows == 0 or n_out == 0
+ * does nothing. Returns KVS_OK with y written, or, with y not written: KVS_ERR_UNSUPPORTED for a
+ * type without a kernel, KVS_ERR_ARG for negative sizes or n_in not a whole number of wt's
+ * blocks, KVS_ERR_NOMEM when its scratch memory cannot be had. The caller names the tensor. */
+kvs_status kvs_matmul(kvs_pool *pool, float *y, const float *x, const void *w, kvs_dtype wt,
+                      int n_rows, int n_in, int n_out) KVS_MUST_CHECK;
 /* Scalar reference: dequantises each weight row and accumulates in double. */
 void kvs_matmul_ref(float *y, const float *x, const void *w, kvs_dtype wt, int n_rows, int n_in,
                     int n_out);

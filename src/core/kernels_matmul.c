@@ -986,15 +986,29 @@ static void run(kvs_pool *pool, kvs_task_fn fn, void *ctx)
         fn(ctx, 0, 1);
 }
 
-void kvs_matmul(kvs_pool *pool, float *y, const float *x, const void *w, kvs_dtype wt,
-                int n_rows, int n_in, int n_out)
+/* The weight types the kernels above handle: a type added to dtype.h is refused here until it
+ * has one, rather than leaving y unwritten. */
+static int has_kernel(kvs_dtype wt)
+{
+    switch (wt) {
+    case KVS_F32: case KVS_F16: case KVS_BF16: case KVS_Q8_0: case KVS_Q4_0: return 1;
+    }
+    return 0;
+}
+
+kvs_status kvs_matmul(kvs_pool *pool, float *y, const float *x, const void *w, kvs_dtype wt,
+                      int n_rows, int n_in, int n_out)
 {
     uint64_t row_bytes;
-    if (n_rows <= 0 || n_out <= 0 || n_in < 0 || kvs_dtype_bytes(wt, (uint64_t)n_in, &row_bytes) != 0)
-        return;
+    if (!has_kernel(wt))
+        return KVS_ERR_UNSUPPORTED;
+    if (n_rows < 0 || n_out < 0 || n_in < 0 || kvs_dtype_bytes(wt, (uint64_t)n_in, &row_bytes) != 0)
+        return KVS_ERR_ARG;
+    if (n_rows == 0 || n_out == 0)
+        return KVS_OK;
     if (n_in == 0) {
         memset(y, 0, (size_t)n_rows * n_out * sizeof(float));
-        return;
+        return KVS_OK;
     }
     const int nth = pool ? kvs_pool_size(pool) : 1;
     const int quant = wt == KVS_Q8_0 || wt == KVS_Q4_0;
@@ -1041,7 +1055,7 @@ void kvs_matmul(kvs_pool *pool, float *y, const float *x, const void *w, kvs_dty
     else
         mem = owned = aligned_alloc(64, align64(total));
     if (!mem)
-        abort(); /* out of memory for scratch: nothing sensible to return */
+        return KVS_ERR_NOMEM;
     if (quant) {
         c.xq = (int8_t *)mem;
         c.xd = (float *)(mem + align64((size_t)n_rows * c.nbp * KVS_QK));
@@ -1071,4 +1085,5 @@ void kvs_matmul(kvs_pool *pool, float *y, const float *x, const void *w, kvs_dty
     mm_task t = {&c, path};
     run(pool, matmul_task, &t);
     free(owned);
+    return KVS_OK;
 }

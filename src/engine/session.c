@@ -312,6 +312,16 @@ static void budget_notice(const kvs_session *s, int n_prompt)
         s->params.log(s->params.log_ctx, msg);
 }
 
+/* A batch failed part way (out of memory, a non-finite key, a shift out of range): some layers
+ * may hold its tokens and others not, and an evicting policy may have stored a chunk it could
+ * not trim. Nothing of that can be continued, so the session starts over, holding no slots
+ * (kvs_session_eval's contract); the error says why. */
+static kvs_status fail_midway(kvs_session *s, kvs_status st)
+{
+    kvs_session_reset(s);
+    return st;
+}
+
 kvs_status kvs_session_eval(kvs_session *s, const int32_t *tokens, int n, float *logits,
                             int all_logits, kvs_error *err)
 {
@@ -358,7 +368,7 @@ kvs_status kvs_session_eval(kvs_session *s, const int32_t *tokens, int n, float 
         if (s->unbounded) {
             kvs_status st = place_batch(s, &batch, err);
             if (st != KVS_OK)
-                return st;
+                return fail_midway(s, st);
         }
         int last = done + batch == n;
         float *out = NULL;
@@ -369,7 +379,7 @@ kvs_status kvs_session_eval(kvs_session *s, const int32_t *tokens, int n, float 
         kvs_status st = kvs_forward(s->model, s->pool, s->kv, &s->buf, tokens + done, batch,
                                     s->n_past - s->shifted, out, all_logits, err);
         if (st != KVS_OK)
-            return st;
+            return fail_midway(s, st);
         s->n_past += batch;
         done += batch;
     }

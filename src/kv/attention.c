@@ -168,6 +168,15 @@ static kvs_status reserve_gemm(kvs_attn_scratch *sc, size_t floats, kvs_error *e
     return KVS_OK;
 }
 
+/* The KV store's types (F32, F16) always have a kernel, so only memory can fail here. */
+static kvs_status matmul_failed(kvs_status st, const char *what, int layer, kvs_error *err)
+{
+    return st == KVS_ERR_NOMEM
+               ? kvs_fail(err, st, "out of memory for the %s of layer %d", what, layer)
+               : kvs_fail(err, st, "the %s of layer %d cannot be computed (%s)", what, layer,
+                          kvs_status_name(st));
+}
+
 static kvs_status attend_gemm(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_attn_args *a,
                               const task *t, kvs_error *err)
 {
@@ -209,13 +218,16 @@ static kvs_status attend_gemm(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_at
             for (int d = 0; d < hd; d++)
                 VT[(size_t)d * count + j] = v[d];
         }
-        kvs_matmul(pool, S, Q, kvs_store_keys(s, a->layer, kvh), cfg->type, rows, hd, count);
+        st = kvs_matmul(pool, S, Q, kvs_store_keys(s, a->layer, kvh), cfg->type, rows, hd, count);
+        if (st != KVS_OK)
+            return matmul_failed(st, "attention scores", a->layer, err);
         gemm_softmax gs = {a, sc, S, visible, rows, n, count, kvh * group,
                            1.0f / sqrtf((float)hd)};
         kvs_pool_run(pool, gemm_softmax_worker, &gs);
         if (a->colsum)
             kvs_pool_run(pool, gemm_colsum_worker, &gs);
-        kvs_matmul(pool, O, S, VT, KVS_F32, rows, count, hd);
+        if ((st = kvs_matmul(pool, O, S, VT, KVS_F32, rows, count, hd)) != KVS_OK)
+            return matmul_failed(st, "attention outputs", a->layer, err);
         for (int g = 0; g < group; g++)
             for (int i = 0; i < n; i++)
                 memcpy(a->out + ((size_t)i * a->n_heads + kvh * group + g) * hd,

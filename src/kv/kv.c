@@ -55,7 +55,7 @@ kvs_status kvs_kv_new(const kvs_kv_config *cfg, const kvs_policy_spec *spec, kvs
                         kvs_dtype_name(cfg->type));
     kvs_kv *kv = calloc(1, sizeof *kv);
     if (!kv)
-        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
+        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for the KV cache");
     kv->cfg = *cfg;
     kv->policy.spec = *spec; /* the full cache is the "full" policy, parsed by the caller */
     kv->policy.type = kv->policy.spec.type;
@@ -90,7 +90,7 @@ kvs_status kvs_kv_new(const kvs_kv_config *cfg, const kvs_policy_spec *spec, kvs
     }
     if (!ok) {
         kvs_kv_free(kv);
-        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
+        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for the KV cache");
     }
     *out = kv;
     return KVS_OK;
@@ -235,7 +235,8 @@ static kvs_status prompt_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, con
         if ((size_t)n > kv->row_mask_cap) {
             uint8_t *m = realloc(kv->row_mask, (size_t)n);
             if (!m)
-                return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
+                return kvs_fail(err, KVS_ERR_NOMEM,
+                                "out of memory for a prompt batch of %d tokens", n);
             kv->row_mask = m;
             kv->row_mask_cap = (size_t)n;
         }
@@ -339,7 +340,7 @@ static kvs_status decode_layer(kvs_kv *kv, kvs_pool *pool, int layer, const floa
         size_t need = (size_t)nkv * stride;
         int *sel = realloc(kv->sel, sizeof(int) * need);
         if (!sel)
-            return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
+            return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for the selected slots");
         kv->sel = sel;
         int any = 0;
         for (int h = 0; h < nkv; h++) {
@@ -379,7 +380,7 @@ static kvs_status decode_layer(kvs_kv *kv, kvs_pool *pool, int layer, const floa
             if (need > kv->recall_cap) {
                 float *r = realloc(kv->recall_row, sizeof(float) * need);
                 if (!r)
-                    return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
+                    return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for the attention recall measurement");
                 kv->recall_row = r;
                 kv->recall_cap = need;
             }
@@ -461,7 +462,8 @@ kvs_status kvs_kv_shift(kvs_kv *kv, int32_t next, const kvs_rope_cfg *rope, int3
         return kvs_fail(err, KVS_ERR_ARG, "position shifting cannot run with the attention "
                         "recall measurement, which keeps every key at its first position");
     const int L = kv->cfg.n_layers, nkv = kv->cfg.n_kv_heads;
-    double sinks = kvs_policy_param(&kv->policy, "sinks");
+    /* Policies without sinks (h2o, tova) keep no position in place. */
+    double sinks = kvs_policy_param_or(&kv->policy, "sinks", 0.0);
     int32_t keep = sinks < 0 ? 0 : sinks > next ? next : (int32_t)sinks;
     /* The next position must stay above every moved slot: keep + the non-prefix slots. */
     int64_t need = keep, most = 0;

@@ -4,12 +4,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/debug.h"
 #include "core/kernels.h"
 #include "core/number.h"
 
 /* Live slots occupy rows [start, start + count) of arrays of cap rows. A free prefix lets a
- * removal near the front move the few slots before it instead of the long tail after it. */
+ * removal near the front move the few slots before it instead of the long tail after it. Every
+ * array of a head lives in one block, so that a resize is one allocation: it either happens
+ * whole or not at all, and a failed one leaves the head exactly as it was. */
 typedef struct store_head {
+    char *block;         /* the arrays below; NULL when cap is 0 */
     char *keys, *values; /* cap rows of row_bytes */
     int32_t *pos;
     float *meta[KVS_STORE_MAX_META];
@@ -48,12 +52,21 @@ kvs_store *kvs_store_new(const kvs_store_config *cfg)
 
 static void head_release(store_head *h)
 {
-    free(h->keys);
-    free(h->values);
-    free(h->pos);
-    for (int c = 0; c < KVS_STORE_MAX_META; c++)
-        free(h->meta[c]);
+    free(h->block);
     memset(h, 0, sizeof *h);
+}
+
+/* The invariants of a head, checked after every change in debug builds: live rows inside the
+ * arrays, capacity within the store's limit, positions strictly increasing. */
+static void check_head(const kvs_store *s, const store_head *h)
+{
+    KVS_ASSERT(h->start >= 0 && h->count >= 0 && h->start + h->count <= h->cap);
+    KVS_ASSERT(h->cap <= s->cfg.max_slots);
+    KVS_ASSERT((h->block != NULL) == (h->cap > 0));
+    KVS_DEBUG_ONLY(for (int i = h->start + 1; i < h->start + h->count; i++)
+                       KVS_ASSERT(h->pos[i - 1] < h->pos[i]);)
+    (void)s;
+    (void)h;
 }
 
 void kvs_store_free(kvs_store *s)
@@ -139,32 +152,53 @@ static void rebase(const kvs_store *s, store_head *h)
     h->start = 0;
 }
 
-/* Resizes a head's arrays to exactly cap slots (cap >= count). */
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Bytes of a head's block of cap rows: keys, values, positions, metadata, each 64-aligned. */
+static size_t block_bytes(const kvs_store *s, int cap)
+{
+    return 2 * align64((size_t)cap * s->row_bytes) +
+           (1 + (size_t)s->cfg.n_meta) * align64((size_t)cap * sizeof(float));
+}
+
+/* Moves a head's live slots to row 0 of blk, a block of cap rows (cap >= count), and frees the
+ * old block. Cannot fail: the allocation came first. */
+static void head_adopt(const kvs_store *s, store_head *h, char *blk, int cap)
+{
+    store_head n = {.block = blk, .count = h->count, .cap = cap};
+    const size_t rows = align64((size_t)cap * s->row_bytes), floats = align64((size_t)cap * 4);
+    n.keys = blk;
+    n.values = blk + rows;
+    n.pos = (int32_t *)(blk + 2 * rows);
+    for (int c = 0; c < s->cfg.n_meta; c++)
+        n.meta[c] = (float *)(blk + 2 * rows + (1 + (size_t)c) * floats);
+    if (h->count > 0) {
+        const size_t at = (size_t)h->start, cnt = (size_t)h->count;
+        memcpy(n.keys, h->keys + at * s->row_bytes, cnt * s->row_bytes);
+        memcpy(n.values, h->values + at * s->row_bytes, cnt * s->row_bytes);
+        memcpy(n.pos, h->pos + at, cnt * sizeof *n.pos);
+        for (int c = 0; c < s->cfg.n_meta; c++)
+            memcpy(n.meta[c], h->meta[c] + at, cnt * sizeof(float));
+    }
+    free(h->block);
+    *h = n;
+}
+
+/* Resizes a head to exactly cap slots (cap >= count; 0 releases it). All or nothing: returns -1
+ * and leaves the head unchanged if the memory is not there. */
 static int head_resize(const kvs_store *s, store_head *h, int cap)
 {
-    rebase(s, h);
+    KVS_ASSERT(cap >= h->count && cap <= s->cfg.max_slots);
     if (cap == h->cap)
         return 0;
     if (cap == 0) {
         head_release(h);
         return 0;
     }
-    void *p;
-    if (!(p = realloc(h->keys, (size_t)cap * s->row_bytes)))
+    char *blk = malloc(block_bytes(s, cap));
+    if (!blk)
         return -1;
-    h->keys = p;
-    if (!(p = realloc(h->values, (size_t)cap * s->row_bytes)))
-        return -1;
-    h->values = p;
-    if (!(p = realloc(h->pos, (size_t)cap * sizeof *h->pos)))
-        return -1;
-    h->pos = p;
-    for (int c = 0; c < s->cfg.n_meta; c++) {
-        if (!(p = realloc(h->meta[c], (size_t)cap * sizeof(float))))
-            return -1;
-        h->meta[c] = p;
-    }
-    h->cap = cap;
+    head_adopt(s, h, blk, cap);
     return 0;
 }
 
@@ -204,6 +238,13 @@ static kvs_status check_rows(const kvs_store *s, int layer, int n, const float *
     return KVS_OK;
 }
 
+/* The capacity a head of count slots grows to for n more. */
+static int grown_cap(const kvs_store *s, int need)
+{
+    int cap = need + slack(need);
+    return cap > s->cfg.max_slots ? s->cfg.max_slots : cap;
+}
+
 kvs_status kvs_store_append(kvs_store *s, int layer, int n, const float *k, const float *v,
                             const int32_t *pos, kvs_error *err)
 {
@@ -211,26 +252,40 @@ kvs_status kvs_store_append(kvs_store *s, int layer, int n, const float *k, cons
     kvs_status cst = check_rows(s, layer, n, k, v, pos, err);
     if (cst != KVS_OK)
         return cst;
+    KVS_DEBUG_ONLY(for (int i = 1; i < n; i++) KVS_ASSERT(pos[i - 1] < pos[i]);)
+    /* All or nothing over the layer's heads: check every head and allocate every block that must
+     * grow before any head changes. */
     for (int h = 0; h < nkv; h++) {
-        store_head *H = head_at(s, layer, h);
+        const store_head *H = head_at(s, layer, h);
         if (n > s->cfg.max_slots - H->count)
             return kvs_fail(err, KVS_ERR_ARG,
                             "KV cache full: %d + %d tokens exceed the context of %d", H->count,
                             n, s->cfg.max_slots);
-        if (H->count > 0 && pos[0] <= H->pos[H->count - 1])
+        if (H->count > 0 && pos[0] <= H->pos[H->start + H->count - 1])
             return kvs_fail(err, KVS_ERR_ARG, "KV append: position %d is not after %d", pos[0],
-                            H->pos[H->count - 1]);
-        int need = H->count + n;
-        if (H->start + need > H->cap)
-            rebase(s, H);
-        if (need > H->cap) {
-            int cap = need + slack(need);
-            if (cap > s->cfg.max_slots)
-                cap = s->cfg.max_slots;
-            if (head_resize(s, H, cap) != 0)
-                return kvs_fail(err, KVS_ERR_NOMEM,
-                                "out of memory growing the KV cache to %d slots", cap);
+                            H->pos[H->start + H->count - 1]);
+    }
+    char *fresh[nkv];
+    for (int h = 0; h < nkv; h++) {
+        const store_head *H = head_at(s, layer, h);
+        fresh[h] = NULL;
+        if (H->count + n <= H->cap)
+            continue;
+        if (!(fresh[h] = malloc(block_bytes(s, grown_cap(s, H->count + n))))) {
+            const int cap = grown_cap(s, H->count + n);
+            while (h > 0)
+                free(fresh[--h]);
+            return kvs_fail(err, KVS_ERR_NOMEM,
+                            "out of memory growing the KV cache to %d slots", cap);
         }
+    }
+    for (int h = 0; h < nkv; h++) {
+        store_head *H = head_at(s, layer, h);
+        const int need = H->count + n;
+        if (fresh[h])
+            head_adopt(s, H, fresh[h], grown_cap(s, need));
+        else if (H->start + need > H->cap)
+            rebase(s, H);
         for (int i = 0; i < n; i++) {
             int slot = H->start + H->count + i;
             const float *kr = k + ((size_t)i * nkv + h) * hd, *vr = v + ((size_t)i * nkv + h) * hd;
@@ -246,6 +301,7 @@ kvs_status kvs_store_append(kvs_store *s, int layer, int n, const float *k, cons
                 H->meta[c][slot] = 0.0f;
         }
         H->count = need;
+        check_head(s, H);
     }
     return KVS_OK;
 }
@@ -253,6 +309,10 @@ kvs_status kvs_store_append(kvs_store *s, int layer, int n, const float *k, cons
 void kvs_store_keep(kvs_store *s, int layer, int head, const int *slots, int n)
 {
     store_head *H = head_at(s, layer, head);
+    KVS_ASSERT(n >= 0 && n <= H->count);
+    KVS_DEBUG_ONLY(for (int i = 0; i < n; i++)
+                       KVS_ASSERT(slots[i] >= 0 && slots[i] < H->count &&
+                                  (i == 0 || slots[i - 1] < slots[i]));)
     /* One contiguous run [a, b) removed (a sliding window, a single victim): move whichever
      * side is shorter. Otherwise compact slot by slot. */
     int a = 0;
@@ -274,14 +334,17 @@ void kvs_store_keep(kvs_store *s, int layer, int head, const int *slots, int n)
             move_rows(s, H, H->start + i, H->start + slots[i], 1);
     }
     H->count = n;
-    /* Give memory back once the slack is large; a failed shrink keeps the larger block. */
+    /* Give memory back once the slack is large. Optional: a failed shrink leaves the head as
+     * it was, in its larger block. */
     if (H->cap > n + 2 * slack(n))
-        head_resize(s, H, n + slack(n));
+        (void)head_resize(s, H, n + slack(n));
+    check_head(s, H);
 }
 
 void kvs_store_remove(kvs_store *s, int layer, int head, int slot)
 {
     store_head *H = head_at(s, layer, head);
+    KVS_ASSERT(slot >= 0 && slot < H->count);
     /* Move whichever side of the slot is shorter. */
     if (slot < H->count / 2) {
         move_rows(s, H, H->start + 1, H->start, slot);
@@ -290,6 +353,7 @@ void kvs_store_remove(kvs_store *s, int layer, int head, int slot)
         move_rows(s, H, H->start + slot, H->start + slot + 1, H->count - slot - 1);
     }
     H->count--;
+    check_head(s, H);
 }
 
 /* The largest magnitude an F16 element holds. */
@@ -340,6 +404,7 @@ kvs_status kvs_store_shift(kvs_store *s, int layer, int head, const int32_t *new
         }
         H->pos[slot] = new_pos[i];
     }
+    check_head(s, H);
     return KVS_OK;
 }
 

@@ -6,19 +6,35 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/debug.h"
 #include "core/number.h"
+
+int kvs_policy_param_index(const kvs_policy_type *t, const char *name)
+{
+    for (int i = 0; i < t->n_params; i++)
+        if (!strcmp(t->params[i].name, name))
+            return i;
+    return -1;
+}
 
 double kvs_policy_spec_param(const kvs_policy_spec *spec, const char *name)
 {
-    for (int i = 0; i < spec->type->n_params; i++)
-        if (!strcmp(spec->type->params[i].name, name))
-            return spec->values[i];
-    return 0.0;
+    const int i = kvs_policy_param_index(spec->type, name);
+    /* A name the type does not declare is a typo in the code asking, never the user's: every
+     * key the user gives was checked against the declarations when the spec was parsed. */
+    KVS_ASSERT(i >= 0 && "the policy declares no parameter of this name");
+    return i >= 0 ? spec->values[i] : 0.0;
 }
 
 double kvs_policy_param(const kvs_policy *p, const char *name)
 {
     return kvs_policy_spec_param(&p->spec, name);
+}
+
+double kvs_policy_param_or(const kvs_policy *p, const char *name, double fallback)
+{
+    const int i = kvs_policy_param_index(p->spec.type, name);
+    return i >= 0 ? p->spec.values[i] : fallback;
 }
 
 int kvs_policy_min_budget(const kvs_policy_spec *spec)
@@ -109,31 +125,25 @@ static int by_score_keep_newer(const void *a, const void *b)
 
 static int by_slot(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
 
-int kvs_evict_keep_top(kvs_store *s, int layer, int head, const float *score, int budget,
-                       int sinks, int recent, kvs_tie tie)
+kvs_status kvs_evict_keep_top(kvs_store *s, int layer, int head, const float *score, int budget,
+                              int sinks, int recent, kvs_tie tie, kvs_error *err)
 {
     const int n = kvs_store_count(s, layer, head);
     if (n <= budget)
-        return n;
+        return KVS_OK;
     if (sinks > budget)
         sinks = budget;
     if (recent > budget - sinks)
         recent = budget - sinks;
+    /* Without memory to rank the slots nothing is evicted and the caller fails: keeping some
+     * other set (the newest, say) would be a different policy, silently. */
     int *keep = malloc(sizeof(int) * (size_t)budget);
     ranked *mid = malloc(sizeof(ranked) * (size_t)n);
     if (!keep || !mid) {
-        /* Without memory for ranking, fall back to keeping the sinks and the newest slots. */
-        free(mid);
-        if (!keep)
-            return n;
-        int k = 0;
-        for (int i = 0; i < sinks; i++)
-            keep[k++] = i;
-        for (int i = n - (budget - sinks); i < n; i++)
-            keep[k++] = i;
-        kvs_store_keep(s, layer, head, keep, k);
         free(keep);
-        return k;
+        free(mid);
+        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory ranking %d slots of layer %d, KV "
+                        "head %d", n, layer, head);
     }
     /* Slots are sorted by position, so sinks are a prefix and the recent window a suffix. */
     int k = 0, n_mid = 0;
@@ -151,5 +161,6 @@ int kvs_evict_keep_top(kvs_store *s, int layer, int head, const float *score, in
     kvs_store_keep(s, layer, head, keep, k);
     free(keep);
     free(mid);
-    return k;
+    KVS_ASSERT(kvs_store_count(s, layer, head) == budget);
+    return KVS_OK;
 }

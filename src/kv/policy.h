@@ -138,11 +138,17 @@ typedef struct kvs_policy_type {
     int (*report)(const kvs_policy *p, int i, char *buf, size_t size);
 } kvs_policy_type;
 
+/* Index of the parameter called name in t->params, or -1 if t declares none of that name. */
+int kvs_policy_param_index(const kvs_policy_type *t, const char *name);
 /* Value of a declared parameter (its default when not given); a word-valued parameter gives
- * its word's index. */
+ * its word's index. The name must be one the policy's type declares: an undeclared one is a
+ * programming error, stopped by KVS_ASSERT in debug builds (0.0 in release builds). */
 double kvs_policy_param(const kvs_policy *p, const char *name);
-/* Value of a declared parameter in a parsed spec (its default when not given). */
+/* The same for a parsed spec. */
 double kvs_policy_spec_param(const kvs_policy_spec *spec, const char *name);
+/* A parameter only some policies declare (the sinks position shifting leaves in place): its
+ * value, or fallback for a type that does not declare it. */
+double kvs_policy_param_or(const kvs_policy *p, const char *name, double fallback);
 /* The smallest budget in slots the spec's policy accepts (type->min_budget, else 1). */
 int kvs_policy_min_budget(const kvs_policy_spec *spec);
 /* Slots per (layer, head) for a prompt of n_prompt tokens: a fraction F gives round(F * n)
@@ -172,9 +178,11 @@ kvs_status kvs_policy_add_group_mean(const kvs_policy *p, int layer, const kvs_c
 typedef enum kvs_tie { KVS_TIE_KEEP_OLDER, KVS_TIE_KEEP_NEWER } kvs_tie;
 /* Keeps in one head: the `sinks` oldest slots, the `recent` newest slots, and the highest
  * score[] among the rest until `budget` slots are kept (ties by position as `tie` says);
- * compacts the store. score has one entry per slot. Returns the kept count. */
-int kvs_evict_keep_top(kvs_store *s, int layer, int head, const float *score, int budget,
-                       int sinks, int recent, kvs_tie tie);
+ * compacts the store. score has one entry per slot. A head of at most budget slots is left as
+ * it is. KVS_ERR_NOMEM (nothing evicted) if the ranking's memory cannot be had: the caller must
+ * fail, as its cache is then over budget. */
+kvs_status kvs_evict_keep_top(kvs_store *s, int layer, int head, const float *score, int budget,
+                              int sinks, int recent, kvs_tie tie, kvs_error *err);
 
 /* For policies' start hooks: a budget given as a token count must fit the context (the
  * store's slot limit); a budget as large as the context keeps everything. */

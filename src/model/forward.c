@@ -1,6 +1,7 @@
 #include "model/forward.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,9 +44,29 @@ void kvs_forward_buf_free(kvs_forward_buf *b)
     memset(b, 0, sizeof *b);
 }
 
-static void matmul(kvs_pool *pool, float *y, const float *x, const kvs_weight *w, int n)
+/* y = x W^T for n rows. A failure names the tensor as GGUF does (blk.L.NAME.weight, or
+ * NAME.weight outside the layers: layer < 0). */
+static kvs_status matmul(kvs_pool *pool, float *y, const float *x, const kvs_weight *w, int n,
+                         int layer, const char *name, kvs_error *err)
 {
-    kvs_matmul(pool, y, x, w->data, w->type, n, w->cols, w->rows);
+    kvs_status st = kvs_matmul(pool, y, x, w->data, w->type, n, w->cols, w->rows);
+    if (st == KVS_OK)
+        return KVS_OK;
+    char tensor[64];
+    if (layer >= 0)
+        snprintf(tensor, sizeof tensor, "blk.%d.%s.weight", layer, name);
+    else
+        snprintf(tensor, sizeof tensor, "%s.weight", name);
+    switch (st) {
+    case KVS_ERR_NOMEM:
+        return kvs_fail(err, st, "out of memory for the product of %d rows with %s", n, tensor);
+    case KVS_ERR_UNSUPPORTED:
+        return kvs_fail(err, st, "tensor %s: type %s has no matrix product kernel", tensor,
+                        kvs_dtype_name(w->type));
+    default:
+        return kvs_fail(err, st, "tensor %s: %d x %d of type %s cannot be multiplied (not "
+                        "whole blocks)", tensor, w->rows, w->cols, kvs_dtype_name(w->type));
+    }
 }
 
 static void add_rows(float *x, const float *d, size_t n)
@@ -98,28 +119,31 @@ kvs_status kvs_forward(const struct kvs_model *m, kvs_pool *pool, kvs_kv *kv,
         for (int i = 0; i < n; i++)
             kvs_rmsnorm(b->xb + (size_t)i * dim, b->x + (size_t)i * dim, L->attn_norm, dim,
                         hp->eps);
-        matmul(pool, b->q, b->xb, &L->wq, n);
-        matmul(pool, b->k, b->xb, &L->wk, n);
-        matmul(pool, b->v, b->xb, &L->wv, n);
+        kvs_status st;
+        if ((st = matmul(pool, b->q, b->xb, &L->wq, n, l, "attn_q", err)) != KVS_OK ||
+            (st = matmul(pool, b->k, b->xb, &L->wk, n, l, "attn_k", err)) != KVS_OK ||
+            (st = matmul(pool, b->v, b->xb, &L->wv, n, l, "attn_v", err)) != KVS_OK)
+            return st;
         for (int i = 0; i < n; i++) {
             kvs_rope(b->q + (size_t)i * L->wq.rows, hp->n_heads, hp->head_dim, hp->rot_dim,
                      b->pos[i], hp->rope_base, hp->rope_neox);
             kvs_rope(b->k + (size_t)i * L->wk.rows, hp->n_kv_heads, hp->head_dim, hp->rot_dim,
                      b->pos[i], hp->rope_base, hp->rope_neox);
         }
-        kvs_status st = kvs_kv_layer(kv, pool, l, n, b->q, b->k, b->v, b->pos, b->att, err);
-        if (st != KVS_OK)
+        if ((st = kvs_kv_layer(kv, pool, l, n, b->q, b->k, b->v, b->pos, b->att, err)) != KVS_OK ||
+            (st = matmul(pool, b->xb, b->att, &L->wo, n, l, "attn_output", err)) != KVS_OK)
             return st;
-        matmul(pool, b->xb, b->att, &L->wo, n);
         add_rows(b->x, b->xb, (size_t)n * dim);
 
         for (int i = 0; i < n; i++)
             kvs_rmsnorm(b->xb + (size_t)i * dim, b->x + (size_t)i * dim, L->ffn_norm, dim,
                         hp->eps);
-        matmul(pool, b->hb, b->xb, &L->w_gate, n);
-        matmul(pool, b->hb2, b->xb, &L->w_up, n);
+        if ((st = matmul(pool, b->hb, b->xb, &L->w_gate, n, l, "ffn_gate", err)) != KVS_OK ||
+            (st = matmul(pool, b->hb2, b->xb, &L->w_up, n, l, "ffn_up", err)) != KVS_OK)
+            return st;
         kvs_swiglu(b->hb, b->hb2, n * hp->hidden);
-        matmul(pool, b->xb, b->hb, &L->w_down, n);
+        if ((st = matmul(pool, b->xb, b->hb, &L->w_down, n, l, "ffn_down", err)) != KVS_OK)
+            return st;
         add_rows(b->x, b->xb, (size_t)n * dim);
     }
 
@@ -129,6 +153,9 @@ kvs_status kvs_forward(const struct kvs_model *m, kvs_pool *pool, kvs_kv *kv,
     int first = all_logits ? 0 : n - 1;
     for (int i = first; i < n; i++)
         kvs_rmsnorm(b->x + (size_t)i * dim, b->x + (size_t)i * dim, m->output_norm, dim, hp->eps);
-    matmul(pool, logits, b->x + (size_t)first * dim, &m->output, n - first);
+    kvs_status st = matmul(pool, logits, b->x + (size_t)first * dim, &m->output, n - first, -1,
+                           "output", err);
+    if (st != KVS_OK)
+        return st;
     return check_logits(logits, n - first, hp->vocab, pos0 + first, err);
 }

@@ -38,8 +38,10 @@ static kvs_status prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kv
         if (c->colsum)
             kvs_group_mean_add(score, c->colsum + (size_t)h * group * c->colsum_stride,
                                (size_t)c->colsum_stride, group, n);
-        kvs_evict_keep_top(p->store, layer, h, score, p->budget, 0, recent_of(p),
-                           KVS_TIE_KEEP_NEWER);
+        kvs_status st = kvs_evict_keep_top(p->store, layer, h, score, p->budget, 0,
+                                           recent_of(p), KVS_TIE_KEEP_NEWER, err);
+        if (st != KVS_OK)
+            return st;
     }
     return KVS_OK;
 }
@@ -64,8 +66,10 @@ static kvs_status after_attention(kvs_policy *p, int layer, const float *probs, 
                     victim = j;
             kvs_store_remove(p->store, layer, h, victim);
         } else {
-            kvs_evict_keep_top(p->store, layer, h, score, p->budget, 0, recent,
-                               KVS_TIE_KEEP_NEWER);
+            kvs_status st = kvs_evict_keep_top(p->store, layer, h, score, p->budget, 0,
+                                               recent, KVS_TIE_KEEP_NEWER, err);
+            if (st != KVS_OK)
+                return st;
         }
     }
     return KVS_OK;

@@ -447,7 +447,10 @@ kvs_status kvs_he_prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kv
                 float *score = scores_buf(st, (size_t)n);
                 if (!score)
                     return kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory", p->spec.user);
-                kvs_l2_keep_lowest_norms(p, layer, h, score, key, st->sinks, st->recent);
+                kvs_status kst = kvs_l2_keep_lowest_norms(p, layer, h, score, key, st->sinks,
+                                                          st->recent, err);
+                if (kst != KVS_OK)
+                    return kst;
             }
             /* The table in position order: physical slot = rank. */
             n = kvs_store_count(p->store, layer, h);

@@ -41,7 +41,7 @@ float kvs_he_l2_norm(const float *x, int n);
 /* l2evict's prompt rule (prefill=norm), per chunk: keep in head h the sinks, the recent window
  * and the lowest norms up to the budget (equal norms: the older goes first). score: scratch of
  * the head's count, key: of head_dim floats. */
-void kvs_l2_keep_lowest_norms(kvs_policy *p, int layer, int h, float *score, float *key,
-                              int sinks, int recent);
+kvs_status kvs_l2_keep_lowest_norms(kvs_policy *p, int layer, int h, float *score, float *key,
+                                    int sinks, int recent, kvs_error *err);
 
 #endif

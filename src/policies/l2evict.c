@@ -41,15 +41,16 @@ int kvs_he_victim_norm(const float *norm, const int32_t *pos, int n, int32_t t, 
     return best;
 }
 
-void kvs_l2_keep_lowest_norms(kvs_policy *p, int layer, int h, float *score, float *key,
-                              int sinks, int recent)
+kvs_status kvs_l2_keep_lowest_norms(kvs_policy *p, int layer, int h, float *score, float *key,
+                                    int sinks, int recent, kvs_error *err)
 {
     const int n = kvs_store_count(p->store, layer, h);
     for (int i = 0; i < n; i++) {
         kvs_store_key_f32(p->store, layer, h, i, key);
         score[i] = -kvs_he_l2_norm(key, p->head_dim); /* keep-top keeps the highest */
     }
-    kvs_evict_keep_top(p->store, layer, h, score, p->budget, sinks, recent, KVS_TIE_KEEP_NEWER);
+    return kvs_evict_keep_top(p->store, layer, h, score, p->budget, sinks, recent,
+                              KVS_TIE_KEEP_NEWER, err);
 }
 
 static kvs_status start(kvs_policy *p, kvs_error *err) { return kvs_he_start(p, 1, err); }

@@ -107,7 +107,8 @@ kvs_status kvs_scorer_prefill_end(kvs_policy *p, int layer, kvs_error *err)
             if (s)
                 c.obs = s->obs[layer] ? s->obs[layer] + (size_t)h * p->n_prompt : buf + n;
             if ((st = sc->score(&c, buf, err)) == KVS_OK)
-                kvs_evict_keep_top(p->store, layer, h, buf, p->budget, sinks, recent, sc->tie);
+                st = kvs_evict_keep_top(p->store, layer, h, buf, p->budget, sinks, recent,
+                                        sc->tie, err);
         }
         free(buf);
     }

@@ -82,7 +82,10 @@ static kvs_status prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kv
             kvs_softmax(row, n);
         }
         kvs_group_mean_add(score, rows, (size_t)n, group, n);
-        kvs_evict_keep_top(p->store, layer, h, score, p->budget, 0, 0, KVS_TIE_KEEP_NEWER);
+        kvs_status st = kvs_evict_keep_top(p->store, layer, h, score, p->budget, 0, 0,
+                                           KVS_TIE_KEEP_NEWER, err);
+        if (st != KVS_OK)
+            return st;
     }
     return KVS_OK;
 }
@@ -108,7 +111,10 @@ static kvs_status after_attention(kvs_policy *p, int layer, const float *probs, 
                     victim = j;
             kvs_store_remove(p->store, layer, h, victim);
         } else {
-            kvs_evict_keep_top(p->store, layer, h, score, p->budget, 0, 0, KVS_TIE_KEEP_NEWER);
+            kvs_status st = kvs_evict_keep_top(p->store, layer, h, score, p->budget, 0, 0,
+                                               KVS_TIE_KEEP_NEWER, err);
+            if (st != KVS_OK)
+                return st;
         }
     }
     return KVS_OK;
