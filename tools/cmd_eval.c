@@ -1,10 +1,8 @@
 /* kvslim eval: fidelity of KV policies against the full cache, teacher-forced on a token file. */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli.h"
 #include "cli_flags.h"
