@@ -1,10 +1,8 @@
 /* kvslim eval: fidelity of KV policies against the full cache, teacher-forced on a token file. */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli.h"
 #include "cli_flags.h"
@@ -64,152 +62,6 @@ static int rows_append(row_list *rs, const row *rw)
     return 0;
 }
 
-typedef struct list {
-    char **items;
-    int n, cap;
-} list;
-
-static int list_add(list *l, const char *s, size_t len)
-{
-    if (l->n == l->cap) {
-        int cap = l->cap ? 2 * l->cap : 8;
-        char **p = realloc(l->items, sizeof *p * (size_t)cap);
-        if (!p)
-            return -1;
-        l->items = p;
-        l->cap = cap;
-    }
-    char *c = malloc(len + 1);
-    if (!c)
-        return -1;
-    memcpy(c, s, len);
-    c[len] = 0;
-    l->items[l->n++] = c;
-    return 0;
-}
-
-static void list_free(list *l)
-{
-    for (int i = 0; i < l->n; i++)
-        free(l->items[i]);
-    free(l->items);
-}
-
-/* Is this item of a spec its budget (a fraction, budget=, or a count, slots=)? */
-static int is_budget_item(const char *item)
-{
-    return !strncmp(item, "budget=", 7) || !strncmp(item, "slots=", 6);
-}
-
-/* The spec with its budget replaced: "NAME:ITEM[,other items]", ITEM "budget=.." or "slots=..". */
-static int with_budget(const char *spec, const char *item_text, char *out, size_t size)
-{
-    const char *colon = strchr(spec, ':');
-    size_t name_len = colon ? (size_t)(colon - spec) : strlen(spec);
-    size_t len = (size_t)snprintf(out, size, "%.*s:%s", (int)name_len, spec, item_text);
-    for (const char *p = colon ? colon + 1 : ""; *p && len < size;) {
-        size_t item = strcspn(p, ",");
-        if (item && !is_budget_item(p))
-            len += (size_t)snprintf(out + len, size - len, ",%.*s", (int)item, p);
-        p += item;
-        if (*p == ',')
-            p++;
-    }
-    return len < size ? 0 : -1;
-}
-
-/* A --budget item as a spec item and a table label: "0.25" -> budget=0.25, "25%" -> budget=25%,
- * "slots=96" -> slots=96 (label 96). Ranges are the spec parser's to check. A bare whole number
- * is refused: "1" read as one slot where "1.0" is the whole prompt. */
-static int budget_item(const char *cmd, const char *item, char *spec_item, size_t ss,
-                       char *label, size_t ls)
-{
-    int64_t count;
-    double x;
-    size_t len = strlen(item);
-    if (!strncmp(item, "slots=", 6)) {
-        if (kvs_parse_i64(item + 6, 1, INT32_MAX, &count) != 0) {
-            cli_error(cmd, "--budget %s: slots= takes a whole number of slots per layer and KV "
-                           "head, e.g. slots=96", item);
-            return -1;
-        }
-        snprintf(spec_item, ss, "%s", item);
-        snprintf(label, ls, "%s", item + 6);
-        return 0;
-    }
-    if (len > 1 && item[len - 1] == '%') {
-        char num[64];
-        snprintf(num, sizeof num, "%.*s", (int)(len - 1), item);
-        if (kvs_parse_f64(num, -INFINITY, INFINITY, &x) == 0) {
-            snprintf(spec_item, ss, "budget=%s", item);
-            snprintf(label, ls, "%s", item);
-            return 0;
-        }
-    } else if (kvs_number_has_point(item) && kvs_parse_f64(item, -INFINITY, INFINITY, &x) == 0) {
-        snprintf(spec_item, ss, "budget=%s", item);
-        snprintf(label, ls, "%s", item);
-        return 0;
-    } else if (kvs_parse_i64(item, INT64_MIN, INT64_MAX, &count) == 0) {
-        cli_error(cmd, "--budget %s: a bare whole number is ambiguous; write %s%% (or a fraction "
-                       "with a point) for a share of the prompt, or slots=%s for %s slots per "
-                       "layer and KV head", item, item, item, item);
-        return -1;
-    }
-    cli_error(cmd, "--budget %s: expected a fraction of the prompt (0.25 or 25%%) or a slot "
-                   "count (slots=96)", item);
-    return -1;
-}
-
-/* The table's budget label of a spec that carries its own budget: the value as the user typed
- * it ("0.1", "25%"; a slot count as its number). */
-static void own_budget_label(const char *spec, char *label, size_t size)
-{
-    snprintf(label, size, "-");
-    const char *colon = strchr(spec, ':');
-    for (const char *p = colon ? colon + 1 : ""; *p;) {
-        size_t item = strcspn(p, ",");
-        if (is_budget_item(p)) {
-            const char *v = strchr(p, '=') + 1;
-            snprintf(label, size, "%.*s", (int)(item - (size_t)(v - p)), v);
-        }
-        p += item;
-        if (*p == ',')
-            p++;
-    }
-}
-
-static const kvs_policy_type *spec_type(const char *spec)
-{
-    char name[64];
-    size_t len = strcspn(spec, ":");
-    if (len >= sizeof name)
-        return NULL;
-    memcpy(name, spec, len);
-    name[len] = 0;
-    return kvs_policy_find(name);
-}
-
-/* The policy column: the canonical spec without its budget item. */
-static void policy_label(const kvs_eval_result *r, char *buf, size_t size)
-{
-    const char *colon = strchr(r->params, ':');
-    size_t len = (size_t)snprintf(buf, size, "%.*s",
-                                  (int)(colon ? (size_t)(colon - r->params) : strlen(r->params)),
-                                  r->params);
-    char sep = ':';
-    for (const char *p = colon ? colon + 1 : ""; *p && len < size;) {
-        size_t item = strcspn(p, ",");
-        if (!is_budget_item(p)) {
-            len += (size_t)snprintf(buf + len, size - len, "%c%.*s", sep, (int)item, p);
-            sep = ',';
-        }
-        p += item;
-        if (*p == ',')
-            p++;
-    }
-}
-
-/* Can a file be created next to path? (Checked before the runs, so a typo costs nothing.) */
 static const char *kind_name(kvs_policy_kind k)
 {
     switch (k) {
@@ -349,7 +201,7 @@ static void print_table(FILE *f, const row *rows, int n)
     for (int i = 0; i < n; i++) {
         const kvs_eval_result *r = &rows[i].r;
         char name[256], kept[32], bytes[32];
-        policy_label(r, name, sizeof name);
+        kvs_eval_policy_label(r->params, name, sizeof name);
         if (r->slots_kept == floor(r->slots_kept))
             snprintf(kept, sizeof kept, "%.0f", r->slots_kept);
         else
@@ -380,9 +232,7 @@ static const char *base_name(const char *path)
 typedef struct eval_state {
     const char *model_path, *tokens_path, *kv_type, *json_path, *csv_path, *plot_path;
     int prompt_len, equal_memory;
-    list specs, budgets;
-    list jobs, labels; /* the planned runs, spec-major: spec s at budget b is s * nb + b */
-    list evicting;     /* specs of evicting policies, for --equal-memory */
+    kvs_eval_plan plan; /* the runs, from --kv and --budget (eval/plan.h) */
     int32_t *ids;
     int n_ids;
     kvs_model *m;
@@ -400,119 +250,33 @@ typedef struct eval_state {
 
 static void eval_free(eval_state *e)
 {
-    list_free(&e->specs);
-    list_free(&e->budgets);
-    list_free(&e->jobs);
-    list_free(&e->labels);
-    list_free(&e->evicting);
+    kvs_eval_plan_free(&e->plan);
     free(e->ids);
     kvs_eval_ref_free(&e->ref);
     kvs_model_free(e->m);
     free(e->rows.v);
 }
 
-/* Splits a comma-separated value (items are non-empty: the flag table checked). */
-static int split(const char *v, list *out)
+/* The runs of --kv x --budget (eval/plan.h), every spec parsed. */
+static int make_plan(const char *cmd, const cli_args *a, eval_state *e)
 {
-    for (const char *p = v;;) {
-        size_t len = strcspn(p, ",");
-        if (list_add(out, p, len) != 0)
-            return -1;
-        p += len;
-        if (!*p++)
-            return 0;
-    }
-}
-
-/* --kv values (a spec, or a list of bare names) and the --budget items. */
-static int collect_specs(const char *cmd, const cli_args *a, eval_state *e)
-{
-    const char *v;
-    for (int k = 0; (v = cli_each(a, FL_KV, k)); k++) {
-        int is_list = strchr(v, ',') && !strchr(v, '=') && !strchr(v, ':');
-        if (is_list && (v[0] == ',' || strstr(v, ",,") || v[strlen(v) - 1] == ',')) {
-            cli_error(cmd, "--kv '%s': empty item in the list", v);
-            return CLI_USAGE;
-        }
-        if (is_list ? split(v, &e->specs) != 0 : list_add(&e->specs, v, strlen(v)) != 0) {
-            cli_error(cmd, "out of memory");
-            return CLI_FAIL;
-        }
-    }
-    if (a->given[FL_BUDGET] && split(a->str[FL_BUDGET], &e->budgets) != 0) {
+    int n_kv = a->given[FL_KV];
+    const char **kv = malloc(sizeof *kv * (size_t)n_kv);
+    if (!kv) {
         cli_error(cmd, "out of memory");
         return CLI_FAIL;
     }
-    return CLI_OK;
-}
-
-/* A spec the parser refused, in the user's terms: the parser names the spec it was given
- * ("--kv h2o:budget=1.5: ..."), which with --budget is one the user never typed. */
-static void budget_error(const char *cmd, const eval_state *e, const char *spec, const char *use,
-                         const char *budget)
-{
-    char prefix[600];
-    int len = snprintf(prefix, sizeof prefix, "--kv %s: ", use);
-    if (!budget || strncmp(e->err.msg, prefix, (size_t)len) != 0) {
+    for (int k = 0; k < n_kv; k++)
+        kv[k] = cli_each(a, FL_KV, k);
+    kvs_status st = kvs_eval_plan_make(&e->plan, kv, n_kv,
+                                       a->given[FL_BUDGET] ? a->str[FL_BUDGET] : NULL,
+                                       e->equal_memory, &e->err);
+    free(kv);
+    if (st != KVS_OK) {
         cli_error(cmd, "%s", e->err.msg);
-        return;
-    }
-    cli_error(cmd, "--kv %s with --budget %s: %s", spec, budget, e->err.msg + len);
-}
-
-/* The runs: each non-full spec at each budget (or its own); every spec parses. */
-static int plan_jobs(const char *cmd, eval_state *e)
-{
-    for (int s = 0; s < e->specs.n; s++) {
-        const char *spec = e->specs.items[s];
-        const kvs_policy_type *t = spec_type(spec);
-        if (t && t->kind == KVS_KIND_FULL) { /* the reference is always run; it only parses */
-            if (kvs_kv_policy_check(spec, &e->err) != KVS_OK) {
-                cli_error(cmd, "%s", e->err.msg);
-                return CLI_USAGE;
-            }
-            continue;
-        }
-        int nb = e->budgets.n ? e->budgets.n : 1;
-        for (int b = 0; b < nb; b++) {
-            char text[512], item[128], label[48];
-            const char *use = spec;
-            if (e->budgets.n) {
-                if (budget_item(cmd, e->budgets.items[b], item, sizeof item, label,
-                                sizeof label) != 0)
-                    return CLI_USAGE;
-                if (with_budget(spec, item, text, sizeof text) != 0) {
-                    cli_error(cmd, "--kv %s: spec too long", spec);
-                    return CLI_USAGE;
-                }
-                use = text;
-            } else {
-                own_budget_label(spec, label, sizeof label);
-            }
-            kvs_policy_spec parsed;
-            if (kvs_policy_parse(use, &parsed, &e->err) != KVS_OK) {
-                budget_error(cmd, e, spec, use, e->budgets.n ? e->budgets.items[b] : NULL);
-                return CLI_USAGE;
-            }
-            if (list_add(&e->jobs, use, strlen(use)) ||
-                list_add(&e->labels, label, strlen(label)))
-                goto nomem;
-        }
-        if (t && t->kind == KVS_KIND_EVICTING && list_add(&e->evicting, spec, strlen(spec)))
-            goto nomem;
-    }
-    if (e->equal_memory && e->evicting.n == 0) {
-        int n_types;
-        const kvs_policy_type *const *types = kvs_policy_types(&n_types);
-        for (int i = 0; i < n_types; i++)
-            if (types[i]->kind == KVS_KIND_EVICTING &&
-                list_add(&e->evicting, types[i]->name, strlen(types[i]->name)))
-                goto nomem;
+        return cli_status_exit(st);
     }
     return CLI_OK;
-nomem:
-    cli_error(cmd, "out of memory");
-    return CLI_FAIL;
 }
 
 /* The token file against --prompt-len, the model, and every planned run against both. */
@@ -549,8 +313,9 @@ static int load_and_check(const char *cmd, const cli_args *a, eval_state *e, int
             cli_error(cmd, "%s: %s", e->tokens_path, e->err.msg);
         return cli_status_exit(st);
     }
-    for (int j = 0; j < e->jobs.n; j++)
-        if ((st = kvs_eval_check_policy(e->m, &e->setup, e->jobs.items[j], &e->err)) != KVS_OK) {
+    for (int j = 0; j < e->plan.jobs.n; j++)
+        if ((st = kvs_eval_check_policy(e->m, &e->setup, e->plan.jobs.v[j].spec, &e->err)) !=
+            KVS_OK) {
             cli_error(cmd, "%s", e->err.msg);
             return cli_status_exit(st);
         }
@@ -606,50 +371,27 @@ static int run_one(const char *cmd, eval_state *e, const char *spec, const char 
     return save_rows(cmd, e, 0) == 0 ? CLI_OK : CLI_FAIL;
 }
 
-/* --equal-memory after one budget group (rows first..last-1): each evicting policy at the slot
- * count each one-shot run attended; equal counts of several one-shot runs share a row. */
+/* --equal-memory after one budget group (rows first..last-1): the runs the plan derives from
+ * the group's one-shot rows (eval/plan.h), each a row naming the one-shot runs it matches. */
 static int run_equal_memory(const char *cmd, eval_state *e, int first, int last)
 {
-    int group_end = e->rows.n;
-    for (int k = first; k < last; k++) {
-        if (e->rows.v[k].r.kind != KVS_KIND_ONE_SHOT)
-            continue;
-        int slots = (int)floor(e->rows.v[k].r.slots_attended_mean + 0.5);
-        char item[32];
-        snprintf(item, sizeof item, "slots=%d", slots);
-        for (int s = 0; s < e->evicting.n; s++) {
-            char text[512];
-            if (with_budget(e->evicting.items[s], item, text, sizeof text) != 0) {
-                cli_error(cmd, "--kv %s: spec too long", e->evicting.items[s]);
-                return CLI_USAGE;
-            }
-            kvs_policy_spec parsed;
-            kvs_status st = kvs_policy_parse(text, &parsed, &e->err);
-            if (st != KVS_OK) {
-                cli_error(cmd, "%s", e->err.msg);
-                return cli_status_exit(st);
-            }
-            int prev = -1;
-            for (int q = group_end; q < e->rows.n && prev < 0; q++)
-                if (!strcmp(e->rows.v[q].r.params, parsed.text))
-                    prev = q;
-            if (prev >= 0) {
-                row *p = &e->rows.v[prev];
-                size_t len = strlen(p->eq_of);
-                snprintf(p->eq_of + len, sizeof p->eq_of - len, " %s", e->rows.v[k].r.params);
-                if (save_rows(cmd, e, 0) != 0)
-                    return CLI_FAIL;
-                continue;
-            }
-            row rw = {.eq = 1};
-            snprintf(rw.label, sizeof rw.label, "eq:%d", slots);
-            snprintf(rw.eq_of, sizeof rw.eq_of, "%s", e->rows.v[k].r.params);
-            int rc = run_one(cmd, e, text, "[equal memory]", &rw);
-            if (rc != CLI_OK)
-                return rc;
+    kvs_eval_jobs eq = {0};
+    int rc = CLI_OK;
+    for (int k = first; k < last && rc == CLI_OK; k++) {
+        kvs_status st = kvs_eval_plan_equal_memory(&e->plan, &e->rows.v[k].r, &eq, &e->err);
+        if (st != KVS_OK) {
+            cli_error(cmd, "%s", e->err.msg);
+            rc = cli_status_exit(st);
         }
     }
-    return CLI_OK;
+    for (int j = 0; j < eq.n && rc == CLI_OK; j++) {
+        row rw = {.eq = 1};
+        snprintf(rw.label, sizeof rw.label, "%s", eq.v[j].label);
+        snprintf(rw.eq_of, sizeof rw.eq_of, "%s", eq.v[j].equal_memory_of);
+        rc = run_one(cmd, e, eq.v[j].spec, "[equal memory]", &rw);
+    }
+    kvs_eval_jobs_free(&eq);
+    return rc;
 }
 
 static int make_plot(const char *cmd, const eval_state *e)
@@ -704,9 +446,7 @@ static int eval(const cli_args *a)
                        "(see --help)");
         return CLI_USAGE;
     }
-    int rc = collect_specs(cmd, a, &e);
-    if (rc == CLI_OK)
-        rc = plan_jobs(cmd, &e);
+    int rc = make_plan(cmd, a, &e);
     e.inputs[0] = (kvs_outfile_input){"-m", e.model_path};
     e.inputs[1] = (kvs_outfile_input){"--tokens", e.tokens_path};
     e.json_out = cli_output("--json", e.json_path, e.inputs, 2);
@@ -724,22 +464,21 @@ static int eval(const cli_args *a)
         rc = load_and_check(cmd, a, &e, cli_threads(a));
 
     /* Rows: the reference, then per budget group its runs followed by its equal-memory runs. */
-    int total = 1 + e.jobs.n, done = 0;
+    int total = 1 + e.plan.jobs.n, done = 0;
     char tag[48];
     if (rc == CLI_OK) {
         row rw = {.label = "-"};
         snprintf(tag, sizeof tag, "[%d/%d]", ++done, total);
         rc = run_one(cmd, &e, NULL, tag, &rw);
     }
-    int nb = e.budgets.n ? e.budgets.n : 1, per_budget = e.jobs.n / nb;
-    for (int b = 0; b < nb && rc == CLI_OK; b++) {
+    for (int b = 0; b < e.plan.n_groups && rc == CLI_OK; b++) {
         int group_start = e.rows.n;
-        for (int s = 0; s < per_budget && rc == CLI_OK; s++) {
-            int j = s * nb + b;
+        for (int s = 0; s < kvs_eval_plan_group_size(&e.plan) && rc == CLI_OK; s++) {
+            const kvs_eval_job *job = kvs_eval_plan_job(&e.plan, b, s);
             row rw = {0};
-            snprintf(rw.label, sizeof rw.label, "%s", e.labels.items[j]);
+            snprintf(rw.label, sizeof rw.label, "%s", job->label);
             snprintf(tag, sizeof tag, "[%d/%d]", ++done, total);
-            rc = run_one(cmd, &e, e.jobs.items[j], tag, &rw);
+            rc = run_one(cmd, &e, job->spec, tag, &rw);
         }
         if (rc == CLI_OK && e.equal_memory)
             rc = run_equal_memory(cmd, &e, group_start, e.rows.n);
