@@ -425,3 +425,13 @@ int cli_kv_params(const cli_args *a, kvs_session_params *p)
     p->kv_policy = a->str[FL_KV];
     return 0;
 }
+
+int cli_main(const cli_command *cmd, int (*body)(const cli_args *a), int argc, char **argv)
+{
+    cli_args a;
+    int rc = cli_parse(cmd, argc, argv, &a);
+    if (rc < 0)
+        rc = body(&a);
+    cli_args_free(&a);
+    return rc;
+}

@@ -87,6 +87,9 @@ typedef struct cli_args {
  * usage error (printed to stderr as "kvslim CMD: message"). Free with cli_args_free in
  * either case. */
 int cli_parse(const cli_command *cmd, int argc, char **argv, cli_args *a);
+/* A subcommand's whole life: parse argv for cmd, run body on the parsed arguments (unless
+ * parsing answered already), free them; returns the exit code. */
+int cli_main(const cli_command *cmd, int (*body)(const cli_args *a), int argc, char **argv);
 void cli_args_free(cli_args *a);
 /* The k-th value of a repeatable flag (k from 0), NULL past the last. */
 const char *cli_each(const cli_args *a, cli_flag_id id, int k);

@@ -290,12 +290,4 @@ fail:
     return rc;
 }
 
-int cmd_bench(int argc, char **argv)
-{
-    cli_args a;
-    int rc = cli_parse(&bench_cmd, argc, argv, &a);
-    if (rc < 0)
-        rc = bench(&a);
-    cli_args_free(&a);
-    return rc;
-}
+int cmd_bench(int argc, char **argv) { return cli_main(&bench_cmd, bench, argc, argv); }

@@ -41,12 +41,4 @@ static int convert(const cli_args *a)
     return CLI_OK;
 }
 
-int cmd_convert(int argc, char **argv)
-{
-    cli_args a;
-    int rc = cli_parse(&convert_cmd, argc, argv, &a);
-    if (rc < 0)
-        rc = convert(&a);
-    cli_args_free(&a);
-    return rc;
-}
+int cmd_convert(int argc, char **argv) { return cli_main(&convert_cmd, convert, argc, argv); }

@@ -499,12 +499,4 @@ static int eval(const cli_args *a)
     return rc;
 }
 
-int cmd_eval(int argc, char **argv)
-{
-    cli_args a;
-    int rc = cli_parse(&eval_cmd, argc, argv, &a);
-    if (rc < 0)
-        rc = eval(&a);
-    cli_args_free(&a);
-    return rc;
-}
+int cmd_eval(int argc, char **argv) { return cli_main(&eval_cmd, eval, argc, argv); }

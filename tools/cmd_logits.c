@@ -89,12 +89,4 @@ fail:
     return rc;
 }
 
-int cmd_logits(int argc, char **argv)
-{
-    cli_args a;
-    int rc = cli_parse(&logits_cmd, argc, argv, &a);
-    if (rc < 0)
-        rc = logits(&a);
-    cli_args_free(&a);
-    return rc;
-}
+int cmd_logits(int argc, char **argv) { return cli_main(&logits_cmd, logits, argc, argv); }

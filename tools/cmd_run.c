@@ -138,12 +138,4 @@ fail:
     return rc;
 }
 
-int cmd_run(int argc, char **argv)
-{
-    cli_args a;
-    int rc = cli_parse(&run_cmd, argc, argv, &a);
-    if (rc < 0)
-        rc = run(&a);
-    cli_args_free(&a);
-    return rc;
-}
+int cmd_run(int argc, char **argv) { return cli_main(&run_cmd, run, argc, argv); }

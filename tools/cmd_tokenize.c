@@ -42,12 +42,4 @@ static int tokenize(const cli_args *a)
     return rc;
 }
 
-int cmd_tokenize(int argc, char **argv)
-{
-    cli_args a;
-    int rc = cli_parse(&tokenize_cmd, argc, argv, &a);
-    if (rc < 0)
-        rc = tokenize(&a);
-    cli_args_free(&a);
-    return rc;
-}
+int cmd_tokenize(int argc, char **argv) { return cli_main(&tokenize_cmd, tokenize, argc, argv); }
