@@ -45,6 +45,19 @@ static inline const char *check_tmp_path(char *buf, size_t size, const char *nam
     return buf;
 }
 
+/* Reads up to max whitespace-separated token ids from a file; the count, or -1 if unreadable. */
+static inline int check_read_tokens(const char *path, int *out, int max)
+{
+    FILE *f = fopen(path, "r");
+    int n = 0, v;
+    if (!f)
+        return -1;
+    while (n < max && fscanf(f, "%d", &v) == 1)
+        out[n++] = v;
+    fclose(f);
+    return n;
+}
+
 static inline int check_summary(const char *suite)
 {
     printf("%s: %d checks passed, %d failed\n", suite, check_passed, check_failed);

@@ -32,6 +32,8 @@ typedef enum kvs_gguf_type {
 
 /* "u8", "string", "array", ...; "unknown" for an invalid id. */
 const char *kvs_gguf_type_name(uint32_t t);
+/* Bytes of one scalar of metadata type t; 0 for STRING, ARRAY and invalid ids. */
+uint64_t kvs_gguf_scalar_size(uint32_t t);
 /* Key and tensor names must be 1..KVS_GGUF_MAX_NAME bytes of valid UTF-8 without NUL bytes.
  * Returns NULL if s[0..len) is a valid name, else a short reason ("is empty", ...). */
 const char *kvs_gguf_name_problem(const char *s, uint64_t len);

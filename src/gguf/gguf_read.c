@@ -85,8 +85,7 @@ const char *kvs_gguf_type_name(uint32_t t)
     return t < sizeof names / sizeof names[0] ? names[t] : "unknown";
 }
 
-/* Size of one scalar of type t; 0 for STRING, ARRAY and invalid ids. */
-static uint64_t scalar_size(uint32_t t)
+uint64_t kvs_gguf_scalar_size(uint32_t t)
 {
     switch (t) {
     case KVS_GGUF_UINT8: case KVS_GGUF_INT8: case KVS_GGUF_BOOL: return 1;
@@ -264,7 +263,7 @@ static kvs_status parse_value(parser *p, uint32_t t, int depth)
         kvs_gguf_str s = {0, NULL};
         return get_str(p, "string", UINT64_MAX, &s);
     }
-    uint64_t size = scalar_size(t);
+    uint64_t size = kvs_gguf_scalar_size(t);
     if (size == 0)
         return pfail(p, KVS_ERR_FORMAT, "value type %u is not a valid GGUF type (0..12)", t);
     kvs_status st = need(p, size, kvs_gguf_type_name(t));
@@ -288,7 +287,7 @@ static kvs_status parse_array(parser *p, int depth, gguf_kv *kv)
         st = get_u64(p, "array length", &n);
     if (st != KVS_OK)
         return st;
-    uint64_t min = et == KVS_GGUF_STRING ? 8 : et == KVS_GGUF_ARRAY ? 12 : scalar_size(et);
+    uint64_t min = et == KVS_GGUF_STRING ? 8 : et == KVS_GGUF_ARRAY ? 12 : kvs_gguf_scalar_size(et);
     if (min == 0)
         return pfail(p, KVS_ERR_FORMAT, "array element type %u is not a valid GGUF type (0..12)",
                      et);
@@ -886,7 +885,7 @@ const void *kvs_gguf_arr_data(const kvs_gguf *g, const char *key)
     if (k < 0)
         return NULL;
     const gguf_kv *kv = &g->kv[k];
-    if (kv->type != KVS_GGUF_ARRAY || scalar_size(kv->elem) == 0)
+    if (kv->type != KVS_GGUF_ARRAY || kvs_gguf_scalar_size(kv->elem) == 0)
         return NULL;
     return kv->val;
 }

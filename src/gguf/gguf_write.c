@@ -54,17 +54,6 @@ void kvs_gguf_writer_free(kvs_gguf_writer *w)
     free(w);
 }
 
-static size_t scalar_size(uint32_t t)
-{
-    switch (t) {
-    case KVS_GGUF_UINT8: case KVS_GGUF_INT8: case KVS_GGUF_BOOL: return 1;
-    case KVS_GGUF_UINT16: case KVS_GGUF_INT16: return 2;
-    case KVS_GGUF_UINT32: case KVS_GGUF_INT32: case KVS_GGUF_FLOAT32: return 4;
-    case KVS_GGUF_UINT64: case KVS_GGUF_INT64: case KVS_GGUF_FLOAT64: return 8;
-    default: return 0;
-    }
-}
-
 static char *copy_str(const char *s)
 {
     size_t n = strlen(s);
@@ -119,7 +108,7 @@ static kvs_status set_kv(kvs_gguf_writer *w, const char *key, uint32_t type, uin
 kvs_status kvs_gguf_set_scalar(kvs_gguf_writer *w, const char *key, kvs_gguf_type type,
                                const void *v)
 {
-    size_t size = scalar_size(type);
+    size_t size = (size_t)kvs_gguf_scalar_size(type);
     if (size == 0 || !v || (type == KVS_GGUF_BOOL && *(const uint8_t *)v > 1))
         return KVS_ERR_ARG;
     uint8_t *val = malloc(size);
@@ -132,7 +121,7 @@ kvs_status kvs_gguf_set_scalar(kvs_gguf_writer *w, const char *key, kvs_gguf_typ
 kvs_status kvs_gguf_set_arr(kvs_gguf_writer *w, const char *key, kvs_gguf_type elem_type,
                             const void *v, uint64_t n)
 {
-    size_t size = scalar_size(elem_type);
+    size_t size = (size_t)kvs_gguf_scalar_size(elem_type);
     if (size == 0 || (!v && n > 0) || n > (SIZE_MAX - 12) / size)
         return KVS_ERR_ARG;
     if (elem_type == KVS_GGUF_BOOL)
