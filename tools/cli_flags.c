@@ -38,7 +38,7 @@ typedef struct flag_def {
 #define ALL (CMD_RUN | CMD_LOGITS | CMD_TOKENIZE | CMD_CONVERT | CMD_BENCH | CMD_EVAL)
 #define SESSION (CMD_RUN | CMD_LOGITS | CMD_BENCH | CMD_EVAL)
 
-static const char *const kv_types[] = {"f32", "f16", NULL};
+static const char *const kv_types[] = {"f32", "f16", "kivi4", "kivi2", NULL};
 static const char *const weight_types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", NULL};
 
 /* Rows appear in each command's --help in this order. */

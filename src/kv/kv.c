@@ -515,6 +515,11 @@ kvs_status kvs_kv_shift(kvs_kv *kv, int32_t next, const kvs_rope_cfg *rope, int3
 }
 
 const kvs_store *kvs_kv_store(const kvs_kv *kv) { return kv->store; }
+
+kvs_status kvs_kv_set_kivi(kvs_kv *kv, const kvs_kivi_cfg *k, kvs_error *err)
+{
+    return kvs_store_set_kivi(kv->store, k, err);
+}
 const kvs_policy *kvs_kv_policy(const kvs_kv *kv) { return &kv->policy; }
 
 size_t kvs_kv_bytes(const kvs_kv *kv)

@@ -1,0 +1,108 @@
+/* KIVI kernels: asymmetric uniform b-bit codes packed little-endian (element d at bit d * b),
+ * with fp16 scale and minimum per group, x ~ code * scale + min. The dot and axpy kernels
+ * dequantise inside the loop, as the F16 kernels do, so attention never needs a float copy. */
+#include <math.h>
+#include <string.h>
+
+#include "core/kernels.h"
+
+/* The scale and min of group k of a value row, stored after the codes (maybe unaligned). */
+static void row_sm(const uint8_t *row, size_t code_bytes, int k, float *scale, float *mn)
+{
+    uint16_t sm[2];
+    memcpy(sm, row + code_bytes + (size_t)4 * k, sizeof sm);
+    *scale = kvs_fp16_to_fp32(sm[0]);
+    *mn = kvs_fp16_to_fp32(sm[1]);
+}
+
+int kvs_kivi_get(const uint8_t *codes, int bits, int d)
+{
+    const int bit = d * bits;
+    return (codes[bit >> 3] >> (bit & 7)) & ((1 << bits) - 1);
+}
+
+void kvs_kivi_set(uint8_t *codes, int bits, int d, int q)
+{
+    const int bit = d * bits, mask = ((1 << bits) - 1) << (bit & 7);
+    codes[bit >> 3] = (uint8_t)((codes[bit >> 3] & ~mask) | ((q << (bit & 7)) & mask));
+}
+
+void kvs_kivi_params(const float *x, int n, int stride, int bits, uint16_t *scale, uint16_t *mn)
+{
+    float lo = x[0], hi = x[0];
+    for (int i = 1; i < n; i++) {
+        const float v = x[(size_t)i * stride];
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+    }
+    *mn = kvs_fp32_to_fp16(lo);
+    *scale = kvs_fp32_to_fp16((hi - lo) / (float)((1 << bits) - 1));
+}
+
+int kvs_kivi_code(float x, uint16_t scale, uint16_t mn, int bits)
+{
+    /* The code is taken against the stored (fp16-rounded) scale and minimum, so the round trip
+     * error is scale/2 plus only what the fp16 rounding of the range costs at the ends. */
+    const float s = kvs_fp16_to_fp32(scale), m = kvs_fp16_to_fp32(mn);
+    const int top = (1 << bits) - 1;
+    if (!(s > 0.0f))
+        return 0;
+    const float q = roundf((x - m) / s);
+    return q < 0.0f ? 0 : q > (float)top ? top : (int)q;
+}
+
+float kvs_dot_kivi_codes(const uint8_t *codes, int bits, const float *w, int n)
+{
+    float acc = 0.0f;
+    for (int d = 0; d < n; d++)
+        acc += w[d] * (float)kvs_kivi_get(codes, bits, d);
+    return acc;
+}
+
+size_t kvs_kivi_value_row_bytes(int n, int bits, int group)
+{
+    const int g = group < n ? group : n;
+    return ((size_t)n * bits + 7) / 8 + (size_t)((n + g - 1) / g) * 4;
+}
+
+void kvs_kivi_quantize_value_row(const float *x, int n, int bits, int group, uint8_t *row)
+{
+    const int g = group < n ? group : n;
+    const size_t code_bytes = ((size_t)n * bits + 7) / 8;
+    memset(row, 0, code_bytes);
+    for (int k = 0, c0 = 0; c0 < n; k++, c0 += g) {
+        const int len = n - c0 < g ? n - c0 : g;
+        uint16_t sm[2];
+        kvs_kivi_params(x + c0, len, 1, bits, &sm[0], &sm[1]);
+        memcpy(row + code_bytes + (size_t)4 * k, sm, sizeof sm);
+        for (int d = c0; d < c0 + len; d++)
+            kvs_kivi_set(row, bits, d, kvs_kivi_code(x[d], sm[0], sm[1], bits));
+    }
+}
+
+void kvs_kivi_dequantize_value_row(const uint8_t *row, int n, int bits, int group, float *out)
+{
+    const int g = group < n ? group : n;
+    const size_t code_bytes = ((size_t)n * bits + 7) / 8;
+    for (int k = 0, c0 = 0; c0 < n; k++, c0 += g) {
+        const int len = n - c0 < g ? n - c0 : g;
+        float sc, mn;
+        row_sm(row, code_bytes, k, &sc, &mn);
+        for (int d = c0; d < c0 + len; d++)
+            out[d] = (float)kvs_kivi_get(row, bits, d) * sc + mn;
+    }
+}
+
+void kvs_axpy_kivi_value(float *y, float a, const uint8_t *row, int n, int bits, int group)
+{
+    const int g = group < n ? group : n;
+    const size_t code_bytes = ((size_t)n * bits + 7) / 8;
+    for (int k = 0, c0 = 0; c0 < n; k++, c0 += g) {
+        const int len = n - c0 < g ? n - c0 : g;
+        float sc, mn;
+        row_sm(row, code_bytes, k, &sc, &mn);
+        const float as = a * sc, am = a * mn;
+        for (int d = c0; d < c0 + len; d++)
+            y[d] += as * (float)kvs_kivi_get(row, bits, d) + am;
+    }
+}
