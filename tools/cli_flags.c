@@ -38,7 +38,15 @@ typedef struct flag_def {
 #define ALL (CMD_RUN | CMD_LOGITS | CMD_TOKENIZE | CMD_CONVERT | CMD_BENCH | CMD_EVAL)
 #define SESSION (CMD_RUN | CMD_LOGITS | CMD_BENCH | CMD_EVAL)
 
-static const char *const kv_types[] = {"f32", "f16", "kivi4", "kivi2", NULL};
+/* A word ending in "..." accepts any value with the part before it as prefix (the value's
+ * own parser checks the rest, e.g. "kivi:..." for the session's KIVI parameters). */
+static int word_prefix_match(const char *word, const char *v)
+{
+    size_t n = strlen(word);
+    return n > 3 && strcmp(word + n - 3, "...") == 0 && strncmp(word, v, n - 3) == 0;
+}
+
+static const char *const kv_types[] = {"f32", "f16", "kivi4", "kivi2", "kivi:...", NULL};
 static const char *const weight_types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", NULL};
 
 /* Rows appear in each command's --help in this order. */
@@ -228,7 +236,7 @@ static int take_value(cli_args *a, const flag_def *d, const char *as, const char
         break;
     case K_WORD: {
         const char *const *w = d->words;
-        while (*w && strcmp(*w, v))
+        while (*w && strcmp(*w, v) && !word_prefix_match(*w, v))
             w++;
         if (!*w) {
             char list[128], noun[32];
