@@ -14,6 +14,16 @@
 #define NKV 2
 #define MAXS 1024
 
+/* An append followed by the flush that kv.c runs after attention. */
+static kvs_status app(kvs_store *s, int n, const float *k, const float *v, const int32_t *pos,
+                      kvs_error *err)
+{
+    kvs_status st = kvs_store_append(s, 0, n, k, v, pos, err);
+    if (st == KVS_OK)
+        kvs_store_kivi_flush(s, 0);
+    return st;
+}
+
 static uint32_t rng = 12345;
 static float frand(void)
 {
@@ -112,7 +122,7 @@ static void round_trip_and_prefill_split(int hd, int kb, int vb, int N)
     fill(k, N, hd);
     fill(v, N, hd);
     kvs_error err = {0};
-    CHECK(kvs_store_append(s, 0, N, k, v, pos, &err) == KVS_OK);
+    CHECK(app(s, N, k, v, pos, &err) == KVS_OK);
     for (int h = 0; h < NKV; h++) {
         kvs_kivi_view view;
         kvs_store_kivi_view(s, 0, h, &view);
@@ -133,6 +143,29 @@ static void round_trip_and_prefill_split(int hd, int kb, int vb, int N)
 }
 
 /* Token by token: keys flush at exactly R (all R at once), values one by one past R. */
+/* Without the flush, a batch stays in the residual (it attends to itself exactly); the next
+ * append flushes it first. */
+static void flush_deferred_to_after_attention(void)
+{
+    const int hd = 8, N = 300;
+    kvs_store *s = new_kivi(hd, 4, 4, 32, 128);
+    float k[N * NKV * hd], v[N * NKV * hd];
+    int32_t pos[N + 1];
+    for (int i = 0; i <= N; i++)
+        pos[i] = i;
+    fill(k, N, hd);
+    fill(v, N, hd);
+    kvs_error err = {0};
+    CHECK(kvs_store_append(s, 0, N, k, v, pos, &err) == KVS_OK);
+    kvs_kivi_view view;
+    kvs_store_kivi_view(s, 0, 0, &view);
+    CHECK(view.nqk == 0 && view.nqv == 0);
+    CHECK(kvs_store_append(s, 0, 1, k, v, pos + N, &err) == KVS_OK);
+    kvs_store_kivi_view(s, 0, 0, &view);
+    CHECK(view.nqk == 256 && view.nqv == N - 128);
+    kvs_store_free(s);
+}
+
 static void residual_flushes_at_r(void)
 {
     const int hd = 8, G = 32, R = 128;
@@ -143,7 +176,7 @@ static void residual_flushes_at_r(void)
         float k[NKV * hd], v[NKV * hd];
         fill(k, 1, hd);
         fill(v, 1, hd);
-        CHECK(kvs_store_append(s, 0, 1, k, v, &p, &err) == KVS_OK);
+        CHECK(app(s, 1, k, v, &p, &err) == KVS_OK);
         kvs_kivi_view view;
         kvs_store_kivi_view(s, 0, 0, &view);
         const int n = p + 1;
@@ -168,7 +201,7 @@ static void eviction_from_groups(int hd)
     fill(k, N, hd);
     fill(v, N, hd);
     kvs_error err = {0};
-    CHECK(kvs_store_append(s, 0, N, k, v, pos, &err) == KVS_OK);
+    CHECK(app(s, N, k, v, pos, &err) == KVS_OK);
     for (int i = 0; i < N; i++) {
         kvs_store_key_f32(s, 0, 0, i, before + (size_t)i * 2 * hd);
         kvs_store_value_f32(s, 0, 0, i, before + (size_t)i * 2 * hd + hd);
@@ -211,7 +244,7 @@ static void eviction_from_groups(int hd)
         float kk[NKV * hd], vv[NKV * hd];
         fill(kk, 1, hd);
         fill(vv, 1, hd);
-        CHECK(kvs_store_append(s, 0, 1, kk, vv, &p, &err) == KVS_OK);
+        CHECK(app(s, 1, kk, vv, &p, &err) == KVS_OK);
     }
     kvs_store_kivi_view(s, 0, 0, &view);
     const int c = kvs_store_count(s, 0, 0);
@@ -236,7 +269,7 @@ static void bytes_exact(int hd, int kb, int vb)
     fill(k, N, hd);
     fill(v, N, hd);
     kvs_error err = {0};
-    CHECK(kvs_store_append(s, 0, N, k, v, pos, &err) == KVS_OK);
+    CHECK(app(s, N, k, v, pos, &err) == KVS_OK);
     const double nqk = N - N % R, nqv = N - R, gv = hd < G ? 1 : hd / G;
     const double key = nqk * hd * kb / 8 + (nqk / G * hd) * 2 * 2 + (N - nqk) * hd * 2;
     const double val = nqv * hd * vb / 8 + (nqv * gv) * 2 * 2 + (N - nqv) * hd * 2;
@@ -262,7 +295,7 @@ static void attention_matches_dequantised(int hd, int kb, int vb)
     fill(k, N, hd);
     fill(v, N, hd);
     kvs_error err = {0};
-    CHECK(kvs_store_append(s, 0, N, k, v, pos, &err) == KVS_OK);
+    CHECK(app(s, N, k, v, pos, &err) == KVS_OK);
     int keep[N], n = 0;
     for (int i = 0; i < N; i++)
         if (i % 7 != 3)
@@ -409,7 +442,7 @@ static void shift_refused(void)
     fill(v, 1, 8);
     int32_t p = 3, np = 1;
     kvs_error err = {0};
-    CHECK(kvs_store_append(s, 0, 1, k, v, &p, &err) == KVS_OK);
+    CHECK(app(s, 1, k, v, &p, &err) == KVS_OK);
     kvs_rope_cfg rope = {8, 10000.0f, 0};
     CHECK(kvs_store_shift(s, 0, 0, &np, &rope, &err) == KVS_ERR_UNSUPPORTED &&
           strstr(err.msg, "KIVI") && strstr(err.msg, "--kv-type"));
@@ -431,6 +464,7 @@ int main(void)
             attention_matches_dequantised(hd, b, b);
         }
     residual_flushes_at_r();
+    flush_deferred_to_after_attention();
     eviction_from_groups(8);
     eviction_from_groups(64);
     shift_refused();

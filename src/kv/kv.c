@@ -255,6 +255,7 @@ static kvs_status prompt_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, con
     }
     if ((st = kvs_attention(pool, kv->scratch, &a, err)) != KVS_OK)
         return st;
+    kvs_store_kivi_flush(kv->store, layer);
 
     const int last = n == kv->prompt_left;
     struct timespec t0, t1;
@@ -370,6 +371,7 @@ static kvs_status decode_layer(kvs_kv *kv, kvs_pool *pool, int layer, const floa
     }
     if ((st = kvs_attention(pool, kv->scratch, &a, err)) != KVS_OK)
         return st;
+    kvs_store_kivi_flush(kv->store, layer); /* slot indices stay: probs still match */
 
     for (int h = 0; h < kv->cfg.n_heads; h++) {
         int kvh = h / group;

@@ -240,6 +240,7 @@ static void kivi_quantize_keys(const kvs_store *s, store_head *h, int a, int n)
         kvs_dequantize_row(KVS_F16, h->keys + (size_t)(h->start + a + i) * s->row_bytes,
                            x + (size_t)i * hd, hd);
     kivi_head *k = &h->kq;
+    KVS_ASSERT(k->ng < k->gcap); /* reserved by the append that brought the tokens */
     uint16_t *sm = k->g_sm + (size_t)2 * hd * k->ng;
     for (int d = 0; d < hd; d++)
         kvs_kivi_params(x + d, n, hd, b, &sm[d], &sm[hd + d]);
@@ -270,6 +271,12 @@ static void kivi_flush(const kvs_store *s, store_head *h)
         kvs_kivi_quantize_value_row(x, hd, s->kivi.v_bits, G, row);
         k->nqv++;
     }
+}
+
+void kvs_store_kivi_flush(kvs_store *s, int layer)
+{
+    for (int h = 0; s->kivi.k_bits && h < s->cfg.n_kv_heads; h++)
+        kivi_flush(s, head_at(s, layer, h));
 }
 
 /* Drops emptied key groups. */
@@ -464,6 +471,10 @@ kvs_status kvs_store_append(kvs_store *s, int layer, int n, const float *k, cons
         if (kivi_reserve(s, &H->kq, (H->count + n - H->kq.nqk) / s->kivi.group) != 0)
             return kvs_fail(err, KVS_ERR_NOMEM, "out of memory growing the KIVI key groups");
     }
+    /* What the last batch left in the residual (if the caller did not flush after its
+     * attention) is quantised now, before the new tokens come in. */
+    for (int h = 0; h < nkv && s->kivi.k_bits; h++)
+        kivi_flush(s, head_at(s, layer, h));
     char *fresh[nkv];
     for (int h = 0; h < nkv; h++) {
         const store_head *H = head_at(s, layer, h);
@@ -500,8 +511,6 @@ kvs_status kvs_store_append(kvs_store *s, int layer, int n, const float *k, cons
                 H->meta[c][slot] = 0.0f;
         }
         H->count = need;
-        if (s->kivi.k_bits)
-            kivi_flush(s, H);
         check_head(s, H);
     }
     return KVS_OK;

@@ -66,6 +66,11 @@ kvs_status kvs_store_shift(kvs_store *s, int layer, int head, const int32_t *new
 /* KIVI storage (kivi.h): called on an empty F16 store, makes it a KIVI store with these
  * parameters. The F16 rows then hold the residual; older keys and values are quantised. */
 kvs_status kvs_store_set_kivi(kvs_store *s, const kvs_kivi_cfg *k, kvs_error *err);
+/* Quantises what the flush rules of §2.10 say of one layer's residual: keys R at a time once
+ * it holds R (a prefill of N leaves N mod R), values once older than the newest R. Called after
+ * attention, so that a batch attends to its own tokens exactly (as KIVI's prefill does); an
+ * append flushes what an earlier batch left. No-op for F32 / F16 stores. */
+void kvs_store_kivi_flush(kvs_store *s, int layer);
 /* The store's KIVI parameters, or NULL for an F32 / F16 store. */
 const kvs_kivi_cfg *kvs_store_kivi(const kvs_store *s);
 /* One head of a KIVI store, as attention reads it: live slots [0, nqk) hold key codes of the
