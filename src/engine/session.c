@@ -232,6 +232,10 @@ kvs_status kvs_session_new(const kvs_model *m, const kvs_session_params *p, kvs_
         st = kvs_kv_set_kivi(s->kv, &kivi, err);
     if (st == KVS_OK)
         st = setup_context(s, &spec, err);
+    if (st == KVS_OK && is_kivi && s->shift)
+        st = kvs_fail(err, KVS_ERR_ARG, "--kv-type %s: position shifting (--context-shift or "
+                      "shift=on) cannot re-rotate KIVI-quantised keys; use --kv-type f16 or f32 "
+                      "with it", p->kv_type);
     if (st == KVS_OK && !(s->pool = kvs_pool_create(p->n_threads)))
         st = kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
     if (st == KVS_OK)
