@@ -346,7 +346,9 @@ static void attention_matches_dequantised(int hd, int kb, int vb)
         }
         /* One row with a selection (every other slot). */
         int sel[MAXS], ns = 0;
-        for (int i = 0; i < c; i += 2)
+        /* (one list for both KV heads: within the shorter head) */
+        const int c1 = kvs_store_count(s, 0, 1) < c ? kvs_store_count(s, 0, 1) : c;
+        for (int i = 0; i < c1; i += 2)
             sel[ns++] = i;
         const int *selp[NKV] = {sel, sel};
         int nsel[NKV] = {ns, ns};
