@@ -123,7 +123,10 @@ static const flag_def flags[] = {
      "name the one-shot runs they match (equal_memory_of)"},
     {FL_KV_TYPE, NULL, "--kv-type", K_WORD, "TYPE", SESSION, 0, 0, 0, kv_types,
      "KV storage type: f32 or f16 (default: f16 for run and bench,\n"
-     "f32 for eval and logits, which measure)"},
+     "f32 for eval and logits, which measure); kivi4 or kivi2: KIVI\n"
+     "4- or 2-bit codes (keys per channel, values per token, groups\n"
+     "of 32, the newest 128 tokens in f16); kivi:kbits=B,vbits=B,\n"
+     "group=G,residual=R sets them (B 1, 2, 4 or 8; R a multiple of G)"},
     {FL_THREADS, "-t", "--threads", K_INT, "N", SESSION, 1, 256, 0, NULL,
      "threads (default: online CPUs, at most 8; more than the online\n"
      "CPUs are clamped to their number)"},
