@@ -288,6 +288,18 @@ static kvs_status attend_gemm(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_at
     return KVS_OK;
 }
 
+/* A KIVI layer with nothing quantised, in rows of exactly head_dim F16 elements. */
+static int kivi_all_f16(const kvs_store *s, int layer)
+{
+    for (int h = 0; h < kvs_store_cfg(s)->n_kv_heads; h++) {
+        kvs_kivi_view v;
+        kvs_store_kivi_view(s, layer, h, &v);
+        if (v.nqk || v.nqv || v.row_bytes != (size_t)kvs_store_cfg(s)->head_dim * 2)
+            return 0;
+    }
+    return 1;
+}
+
 /* Below this many query rows the per-row dot-product path is cheaper than the products. */
 #define KVS_ATTN_GEMM_MIN_ROWS 16
 
@@ -315,9 +327,11 @@ kvs_status kvs_attention(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_attn_ar
         sc->per_thread = want;
         sc->n_threads = nth;
     }
-    /* KIVI stores take the per-row path: its kernels read the codes directly (no float copy
-     * of the keys for a matrix product). */
-    if (a->n >= KVS_ATTN_GEMM_MIN_ROWS && !a->sel && !a->probs && !kvs_store_kivi(a->store)) {
+    /* KIVI stores take the per-row path, whose kernels read the codes directly (no float
+     * copy of the keys for a matrix product), unless nothing of the layer is quantised yet
+     * (a first prompt batch, which is flushed after its attention): that is plain F16. */
+    if (a->n >= KVS_ATTN_GEMM_MIN_ROWS && !a->sel && !a->probs &&
+        (!kvs_store_kivi(a->store) || kivi_all_f16(a->store, a->layer))) {
         kvs_status st = attend_gemm(pool, sc, a, &t, err);
         if (st != KVS_OK)
             return st;
