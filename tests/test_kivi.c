@@ -436,6 +436,10 @@ static void kernels_match_reference(void)
             ref += (double)w[d] * c;
         }
         CHECK(fabs(kvs_dot_kivi_codes(codes, bits, w, hd) - ref) < 1e-4 * (1 << bits));
+        for (int n = 1; n <= hd; n++) /* every length: the vector body and the scalar tail */
+            CHECKF(fabsf(kvs_dot_kivi_codes(codes, bits, w, n) -
+                         kvs_dot_kivi_codes_ref(codes, bits, w, n)) < 1e-4f * (1 << bits),
+                   "bits %d n %d", bits, n);
         kvs_kivi_quantize_value_row(x, hd, bits, G, row);
         kvs_kivi_dequantize_value_row(row, hd, bits, G, deq);
         for (int d = 0; d < hd; d++)

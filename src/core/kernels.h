@@ -78,6 +78,7 @@ void kvs_kivi_params(const float *x, int n, int stride, int bits, uint16_t *scal
 int kvs_kivi_code(float x, uint16_t scale, uint16_t mn, int bits);
 /* sum_d w[d] * code[d]: with w = q * scale (per channel) plus sum q * min, a key dot product. */
 float kvs_dot_kivi_codes(const uint8_t *codes, int bits, const float *w, int n);
+float kvs_dot_kivi_codes_ref(const uint8_t *codes, int bits, const float *w, int n);
 /* A value row: packed codes, then per group of `group` channels (the whole row when n <
  * group) its fp16 scale and min. */
 size_t kvs_kivi_value_row_bytes(int n, int bits, int group);
