@@ -76,8 +76,13 @@ static void row_sm(const uint8_t *row, size_t code_bytes, int k, float *scale, f
 {
     uint16_t sm[2];
     memcpy(sm, row + code_bytes + (size_t)4 * k, sizeof sm);
+#if KIVI_SIMD
+    *scale = _cvtsh_ss(sm[0]); /* F16C, which the AVX2 F16 kernels use too */
+    *mn = _cvtsh_ss(sm[1]);
+#else
     *scale = kvs_fp16_to_fp32(sm[0]);
     *mn = kvs_fp16_to_fp32(sm[1]);
+#endif
 }
 
 int kvs_kivi_get(const uint8_t *codes, int bits, int d)
