@@ -38,7 +38,15 @@ typedef struct flag_def {
 #define ALL (CMD_RUN | CMD_LOGITS | CMD_TOKENIZE | CMD_CONVERT | CMD_BENCH | CMD_EVAL)
 #define SESSION (CMD_RUN | CMD_LOGITS | CMD_BENCH | CMD_EVAL)
 
-static const char *const kv_types[] = {"f32", "f16", NULL};
+/* A word ending in "..." accepts any value with the part before it as prefix (the value's
+ * own parser checks the rest, e.g. "kivi:..." for the session's KIVI parameters). */
+static int word_prefix_match(const char *word, const char *v)
+{
+    size_t n = strlen(word);
+    return n > 3 && strcmp(word + n - 3, "...") == 0 && strncmp(word, v, n - 3) == 0;
+}
+
+static const char *const kv_types[] = {"f32", "f16", "kivi4", "kivi2", "kivi:...", NULL};
 static const char *const weight_types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", NULL};
 
 /* Rows appear in each command's --help in this order. */
@@ -115,7 +123,10 @@ static const flag_def flags[] = {
      "name the one-shot runs they match (equal_memory_of)"},
     {FL_KV_TYPE, NULL, "--kv-type", K_WORD, "TYPE", SESSION, 0, 0, 0, kv_types,
      "KV storage type: f32 or f16 (default: f16 for run and bench,\n"
-     "f32 for eval and logits, which measure)"},
+     "f32 for eval and logits, which measure); kivi4 or kivi2: KIVI\n"
+     "4- or 2-bit codes (keys per channel, values per token, groups\n"
+     "of 32, the newest 128 tokens in f16); kivi:kbits=B,vbits=B,\n"
+     "group=G,residual=R sets them (B 1, 2, 4 or 8; R a multiple of G)"},
     {FL_THREADS, "-t", "--threads", K_INT, "N", SESSION, 1, 256, 0, NULL,
      "threads (default: online CPUs, at most 8; more than the online\n"
      "CPUs are clamped to their number)"},
@@ -228,7 +239,7 @@ static int take_value(cli_args *a, const flag_def *d, const char *as, const char
         break;
     case K_WORD: {
         const char *const *w = d->words;
-        while (*w && strcmp(*w, v))
+        while (*w && strcmp(*w, v) && !word_prefix_match(*w, v))
             w++;
         if (!*w) {
             char list[128], noun[32];

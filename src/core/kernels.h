@@ -4,6 +4,7 @@
 #ifndef KVS_KERNELS_H
 #define KVS_KERNELS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "dtype.h"
@@ -66,5 +67,24 @@ void kvs_axpy_f32(float *y, float a, const float *x, int n);
 /* The same with a half-precision a / x (the F16 KV cache's keys and values). */
 float kvs_dot_f16_f32(const uint16_t *a, const float *b, int n);
 void kvs_axpy_f16(float *y, float a, const uint16_t *x, int n);
+
+/* KIVI codes (kernels_kivi.c): b-bit codes (b in 1, 2, 4, 8) packed little-endian, element d
+ * at bit d * b; x ~ code * scale + min with fp16 scale and min per group. */
+int kvs_kivi_get(const uint8_t *codes, int bits, int d);
+void kvs_kivi_set(uint8_t *codes, int bits, int d, int q);
+/* scale = (max - min) / (2^b - 1) and min of n elements x[i * stride], both rounded to fp16. */
+void kvs_kivi_params(const float *x, int n, int stride, int bits, uint16_t *scale, uint16_t *mn);
+/* clamp(round((x - min) / scale), 0, 2^b - 1) against the fp16 scale and min. */
+int kvs_kivi_code(float x, uint16_t scale, uint16_t mn, int bits);
+/* sum_d w[d] * code[d]: with w = q * scale (per channel) plus sum q * min, a key dot product. */
+float kvs_dot_kivi_codes(const uint8_t *codes, int bits, const float *w, int n);
+float kvs_dot_kivi_codes_ref(const uint8_t *codes, int bits, const float *w, int n);
+/* A value row: packed codes, then per group of `group` channels (the whole row when n <
+ * group) its fp16 scale and min. */
+size_t kvs_kivi_value_row_bytes(int n, int bits, int group);
+void kvs_kivi_quantize_value_row(const float *x, int n, int bits, int group, uint8_t *row);
+void kvs_kivi_dequantize_value_row(const uint8_t *row, int n, int bits, int group, float *out);
+/* y += a * dequant(row). */
+void kvs_axpy_kivi_value(float *y, float a, const uint8_t *row, int n, int bits, int group);
 
 #endif

@@ -215,14 +215,27 @@ kvs_status kvs_session_new(const kvs_model *m, const kvs_session_params *p, kvs_
                          s->params.n_ctx, KVS_F32, p->measure_recall};
     kvs_status st = KVS_OK;
     kvs_policy_spec spec;
-    if (p->kv_type && kvs_dtype_parse(p->kv_type, &cfg.type) != 0)
-        st = kvs_fail(err, KVS_ERR_ARG, "--kv-type: unknown type '%s' (f32 or f16)", p->kv_type);
+    kvs_kivi_cfg kivi = {0, 0, 0, 0};
+    int is_kivi = p->kv_type ? kvs_kivi_parse(p->kv_type, &kivi, err) : 0;
+    if (is_kivi < 0)
+        st = KVS_ERR_ARG;
+    else if (is_kivi)
+        cfg.type = KVS_F16; /* the residual's type */
+    else if (p->kv_type && kvs_dtype_parse(p->kv_type, &cfg.type) != 0)
+        st = kvs_fail(err, KVS_ERR_ARG, "--kv-type: unknown type '%s' (f32, f16, kivi4, kivi2 "
+                      "or kivi:kbits=B,vbits=B,group=G,residual=R)", p->kv_type);
     if (st == KVS_OK) /* no policy: the full cache, the "full" policy */
         st = kvs_policy_parse(p->kv_policy ? p->kv_policy : "full", &spec, err);
     if (st == KVS_OK)
         st = kvs_kv_new(&cfg, &spec, &s->kv, err);
+    if (st == KVS_OK && is_kivi)
+        st = kvs_kv_set_kivi(s->kv, &kivi, err);
     if (st == KVS_OK)
         st = setup_context(s, &spec, err);
+    if (st == KVS_OK && is_kivi && s->shift)
+        st = kvs_fail(err, KVS_ERR_ARG, "--kv-type %s: position shifting (--context-shift or "
+                      "shift=on) cannot re-rotate KIVI-quantised keys; use --kv-type f16 or f32 "
+                      "with it", p->kv_type);
     if (st == KVS_OK && !(s->pool = kvs_pool_create(p->n_threads)))
         st = kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
     if (st == KVS_OK)

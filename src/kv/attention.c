@@ -32,12 +32,62 @@ typedef struct task {
     int hd, group, max_count;
 } task;
 
-/* Dot products with keys stored as F32 or F16. */
+/* KIVI keys: per group, w = q * scale per channel and c = q . min, so that a quantised key's
+ * dot product is w . codes + c, computed from the codes without a float copy of the key. */
+static void scores_row_kivi(const kvs_store *s, int layer, int kvh, const float *q,
+                            const int *sel, int n, float scale, float *scores)
+{
+    const int hd = kvs_store_cfg(s)->head_dim, bits = kvs_store_kivi(s)->k_bits;
+    kvs_kivi_view v;
+    kvs_store_kivi_view(s, layer, kvh, &v);
+    float w[hd], c = 0.0f;
+    int g = -1, end = 0; /* slots before end belong to groups <= g */
+    for (int j = 0; j < n; j++) {
+        const int slot = sel ? sel[j] : j;
+        const char *row = v.keys + (size_t)slot * v.row_bytes;
+        if (slot >= v.nqk) {
+            scores[j] = kvs_dot_f16_f32((const uint16_t *)(const void *)row, q, hd) * scale;
+            continue;
+        }
+        if (slot >= end) {
+            while (slot >= end)
+                end += v.g_n[++g];
+            const uint16_t *sm = v.g_sm + (size_t)2 * hd * g;
+            c = 0.0f;
+            for (int d = 0; d < hd; d++) {
+                w[d] = q[d] * kvs_fp16_to_fp32(sm[d]);
+                c += q[d] * kvs_fp16_to_fp32(sm[hd + d]);
+            }
+        }
+        scores[j] = (kvs_dot_kivi_codes((const uint8_t *)row, bits, w, hd) + c) * scale;
+    }
+}
+
+static void weighted_values_kivi(const kvs_store *s, int layer, int kvh, const float *p,
+                                 const int *sel, int n, float *out)
+{
+    const int hd = kvs_store_cfg(s)->head_dim;
+    const kvs_kivi_cfg *k = kvs_store_kivi(s);
+    kvs_kivi_view v;
+    kvs_store_kivi_view(s, layer, kvh, &v);
+    for (int j = 0; j < n; j++) {
+        const int slot = sel ? sel[j] : j;
+        const char *row = v.values + (size_t)slot * v.row_bytes;
+        if (slot < v.nqv)
+            kvs_axpy_kivi_value(out, p[j], (const uint8_t *)row, hd, k->v_bits, k->group);
+        else
+            kvs_axpy_f16(out, p[j], (const uint16_t *)(const void *)row, hd);
+    }
+}
+
+/* Dot products with keys stored as F32, F16 or KIVI codes. */
 static void scores_row(const kvs_store *s, int layer, int kvh, const float *q, const int *sel,
                        int n, float scale, float *scores)
 {
     const int hd = kvs_store_cfg(s)->head_dim;
-    if (kvs_store_cfg(s)->type == KVS_F16) {
+    if (kvs_store_kivi(s)) {
+        scores_row_kivi(s, layer, kvh, q, sel, n, scale, scores);
+    } else if (kvs_store_cfg(s)->type == KVS_F16) {
         const uint16_t *keys = kvs_store_keys(s, layer, kvh);
         for (int j = 0; j < n; j++)
             scores[j] = kvs_dot_f16_f32(keys + (size_t)(sel ? sel[j] : j) * hd, q, hd) * scale;
@@ -53,7 +103,9 @@ static void weighted_values(const kvs_store *s, int layer, int kvh, const float 
 {
     const int hd = kvs_store_cfg(s)->head_dim;
     memset(out, 0, sizeof(float) * hd);
-    if (kvs_store_cfg(s)->type == KVS_F16) {
+    if (kvs_store_kivi(s)) {
+        weighted_values_kivi(s, layer, kvh, p, sel, n, out);
+    } else if (kvs_store_cfg(s)->type == KVS_F16) {
         const uint16_t *values = kvs_store_values(s, layer, kvh);
         for (int j = 0; j < n; j++)
             kvs_axpy_f16(out, p[j], values + (size_t)(sel ? sel[j] : j) * hd, hd);
@@ -236,6 +288,18 @@ static kvs_status attend_gemm(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_at
     return KVS_OK;
 }
 
+/* A KIVI layer with nothing quantised, in rows of exactly head_dim F16 elements. */
+static int kivi_all_f16(const kvs_store *s, int layer)
+{
+    for (int h = 0; h < kvs_store_cfg(s)->n_kv_heads; h++) {
+        kvs_kivi_view v;
+        kvs_store_kivi_view(s, layer, h, &v);
+        if (v.nqk || v.nqv || v.row_bytes != (size_t)kvs_store_cfg(s)->head_dim * 2)
+            return 0;
+    }
+    return 1;
+}
+
 /* Below this many query rows the per-row dot-product path is cheaper than the products. */
 #define KVS_ATTN_GEMM_MIN_ROWS 16
 
@@ -263,7 +327,11 @@ kvs_status kvs_attention(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_attn_ar
         sc->per_thread = want;
         sc->n_threads = nth;
     }
-    if (a->n >= KVS_ATTN_GEMM_MIN_ROWS && !a->sel && !a->probs) {
+    /* KIVI stores take the per-row path, whose kernels read the codes directly (no float
+     * copy of the keys for a matrix product), unless nothing of the layer is quantised yet
+     * (a first prompt batch, which is flushed after its attention): that is plain F16. */
+    if (a->n >= KVS_ATTN_GEMM_MIN_ROWS && !a->sel && !a->probs &&
+        (!kvs_store_kivi(a->store) || kivi_all_f16(a->store, a->layer))) {
         kvs_status st = attend_gemm(pool, sc, a, &t, err);
         if (st != KVS_OK)
             return st;

@@ -255,6 +255,7 @@ static kvs_status prompt_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, con
     }
     if ((st = kvs_attention(pool, kv->scratch, &a, err)) != KVS_OK)
         return st;
+    kvs_store_kivi_flush(kv->store, layer);
 
     const int last = n == kv->prompt_left;
     struct timespec t0, t1;
@@ -370,6 +371,7 @@ static kvs_status decode_layer(kvs_kv *kv, kvs_pool *pool, int layer, const floa
     }
     if ((st = kvs_attention(pool, kv->scratch, &a, err)) != KVS_OK)
         return st;
+    kvs_store_kivi_flush(kv->store, layer); /* slot indices stay: probs still match */
 
     for (int h = 0; h < kv->cfg.n_heads; h++) {
         int kvh = h / group;
@@ -515,6 +517,11 @@ kvs_status kvs_kv_shift(kvs_kv *kv, int32_t next, const kvs_rope_cfg *rope, int3
 }
 
 const kvs_store *kvs_kv_store(const kvs_kv *kv) { return kv->store; }
+
+kvs_status kvs_kv_set_kivi(kvs_kv *kv, const kvs_kivi_cfg *k, kvs_error *err)
+{
+    return kvs_store_set_kivi(kv->store, k, err);
+}
 const kvs_policy *kvs_kv_policy(const kvs_kv *kv) { return &kv->policy; }
 
 size_t kvs_kv_bytes(const kvs_kv *kv)

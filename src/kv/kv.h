@@ -60,6 +60,8 @@ kvs_status kvs_kv_shift(kvs_kv *kv, int32_t next, const kvs_rope_cfg *rope, int3
                         kvs_error *err);
 
 const kvs_store *kvs_kv_store(const kvs_kv *kv);
+/* Makes the (still empty, F16) cache a KIVI store (kivi.h); the shadow stays F32. */
+kvs_status kvs_kv_set_kivi(kvs_kv *kv, const kvs_kivi_cfg *k, kvs_error *err);
 const kvs_policy *kvs_kv_policy(const kvs_kv *kv);
 /* Bytes held now: slots (keys, values, positions, policy metadata) and policy state. */
 size_t kvs_kv_bytes(const kvs_kv *kv);

@@ -9,6 +9,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "kv/kivi.h"
 
 #define KVS_STORE_MAX_META 4
 
@@ -61,6 +62,29 @@ void kvs_store_remove(kvs_store *s, int layer, int head, int slot);
  * unchanged, if new_pos is not increasing or a rotated F16 key leaves the F16 range. */
 kvs_status kvs_store_shift(kvs_store *s, int layer, int head, const int32_t *new_pos,
                            const kvs_rope_cfg *rope, kvs_error *err);
+
+/* KIVI storage (kivi.h): called on an empty F16 store, makes it a KIVI store with these
+ * parameters. The F16 rows then hold the residual; older keys and values are quantised. */
+kvs_status kvs_store_set_kivi(kvs_store *s, const kvs_kivi_cfg *k, kvs_error *err);
+/* Quantises what the flush rules of §2.10 say of one layer's residual: keys R at a time once
+ * it holds R (a prefill of N leaves N mod R), values once older than the newest R. Called after
+ * attention, so that a batch attends to its own tokens exactly (as KIVI's prefill does); an
+ * append flushes what an earlier batch left. No-op for F32 / F16 stores. */
+void kvs_store_kivi_flush(kvs_store *s, int layer);
+/* The store's KIVI parameters, or NULL for an F32 / F16 store. */
+const kvs_kivi_cfg *kvs_store_kivi(const kvs_store *s);
+/* One head of a KIVI store, as attention reads it: live slots [0, nqk) hold key codes of the
+ * ng groups (g_n[i] slots each, fp16 scale[head_dim] then min[head_dim] at g_sm + 2*hd*i),
+ * [nqk, count) fp16 keys; [0, nqv) value rows (kvs_kivi_value_row), the rest fp16 values.
+ * Rows are row_bytes apart. */
+typedef struct kvs_kivi_view {
+    const char *keys, *values;
+    size_t row_bytes;
+    int nqk, nqv, ng;
+    const int *g_n;
+    const uint16_t *g_sm;
+} kvs_kivi_view;
+void kvs_store_kivi_view(const kvs_store *s, int layer, int head, kvs_kivi_view *v);
 
 /* Bytes of one slot: key, value, position and metadata. */
 size_t kvs_store_slot_bytes(const kvs_store *s);

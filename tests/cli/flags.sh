@@ -43,7 +43,7 @@ expect_fail "synthetic key twice" "--synthetic: dim given twice" \
 
 # --kv-type is checked in one place: the same message for every command.
 for cmd in run logits bench eval; do
-  expect_fail "$cmd --kv-type q9" "kvslim $cmd: --kv-type: unknown type 'q9' (expected f32, f16)" \
+  expect_fail "$cmd --kv-type q9" "kvslim $cmd: --kv-type: unknown type 'q9' (expected f32, f16, kivi4, kivi2, kivi:...)" \
     "$KVS_BIN" "$cmd" --kv-type q9
 done
 

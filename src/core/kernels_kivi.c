@@ -1,0 +1,206 @@
+/* KIVI kernels: asymmetric uniform b-bit codes packed little-endian (element d at bit d * b),
+ * with fp16 scale and minimum per group, x ~ code * scale + min. The dot and axpy kernels
+ * dequantise inside the loop, as the F16 kernels do, so attention never needs a float copy. */
+#include <math.h>
+#include <string.h>
+
+#include "core/kernels.h"
+#include "kernels_internal.h"
+
+#if KVS_AVX2 || KVS_AVX512
+#include <immintrin.h>
+
+/* Eight codes of 2, 4 or 8 bits starting at a byte boundary, as floats. Reads exactly the
+ * bits bytes they occupy (never past the row). */
+static inline __attribute__((always_inline)) __m256 codes8(const uint8_t *p, int bits)
+{
+    __m128i c;
+    if (bits == 8) {
+        uint64_t raw;
+        memcpy(&raw, p, 8);
+        c = _mm_cvtsi64_si128((long long)raw);
+    } else if (bits == 4) {
+        uint32_t raw;
+        memcpy(&raw, p, 4);
+        const __m128i b = _mm_cvtsi32_si128((int)raw), m = _mm_set1_epi8(0x0F);
+        c = _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+    } else { /* 2 */
+        uint16_t raw;
+        memcpy(&raw, p, 2);
+        const __m128i b = _mm_cvtsi32_si128(raw), m = _mm_set1_epi8(3);
+        __m128i c0 = _mm_and_si128(b, m), c1 = _mm_and_si128(_mm_srli_epi16(b, 2), m),
+                c2 = _mm_and_si128(_mm_srli_epi16(b, 4), m),
+                c3 = _mm_and_si128(_mm_srli_epi16(b, 6), m);
+        c = _mm_unpacklo_epi16(_mm_unpacklo_epi8(c0, c1), _mm_unpacklo_epi8(c2, c3));
+    }
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c));
+}
+
+/* The vector body for a constant bits (so that codes8 folds to one unpacking). */
+static inline __attribute__((always_inline)) __m256 dot_body(const uint8_t *codes, int bits,
+                                                             const float *w, int n, int *dp)
+{
+    __m256 s = _mm256_setzero_ps();
+    int d = 0;
+    for (; d + 8 <= n; d += 8)
+        s = _mm256_fmadd_ps(codes8(codes + d * bits / 8, bits), _mm256_loadu_ps(w + d), s);
+    *dp = d;
+    return s;
+}
+
+static inline __attribute__((always_inline)) void axpy_body(float *y, const uint8_t *row,
+                                                            int bits, int d, int end, float as,
+                                                            float am, int *dp)
+{
+    const __m256 vs = _mm256_set1_ps(as), vm = _mm256_set1_ps(am);
+    for (; d + 8 <= end; d += 8)
+        _mm256_storeu_ps(y + d, _mm256_add_ps(_mm256_loadu_ps(y + d),
+                                              _mm256_fmadd_ps(vs, codes8(row + d * bits / 8, bits), vm)));
+    *dp = d;
+}
+
+static float hsum8(__m256 v)
+{
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+#define KIVI_SIMD 1
+#else
+#define KIVI_SIMD 0
+#endif
+
+/* The scale and min of group k of a value row, stored after the codes (maybe unaligned). */
+static void row_sm(const uint8_t *row, size_t code_bytes, int k, float *scale, float *mn)
+{
+    uint16_t sm[2];
+    memcpy(sm, row + code_bytes + (size_t)4 * k, sizeof sm);
+#if KIVI_SIMD
+    *scale = _cvtsh_ss(sm[0]); /* F16C, which the AVX2 F16 kernels use too */
+    *mn = _cvtsh_ss(sm[1]);
+#else
+    *scale = kvs_fp16_to_fp32(sm[0]);
+    *mn = kvs_fp16_to_fp32(sm[1]);
+#endif
+}
+
+int kvs_kivi_get(const uint8_t *codes, int bits, int d)
+{
+    const int bit = d * bits;
+    return (codes[bit >> 3] >> (bit & 7)) & ((1 << bits) - 1);
+}
+
+void kvs_kivi_set(uint8_t *codes, int bits, int d, int q)
+{
+    const int bit = d * bits, mask = ((1 << bits) - 1) << (bit & 7);
+    codes[bit >> 3] = (uint8_t)((codes[bit >> 3] & ~mask) | ((q << (bit & 7)) & mask));
+}
+
+void kvs_kivi_params(const float *x, int n, int stride, int bits, uint16_t *scale, uint16_t *mn)
+{
+    float lo = x[0], hi = x[0];
+    for (int i = 1; i < n; i++) {
+        const float v = x[(size_t)i * stride];
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+    }
+    *mn = kvs_fp32_to_fp16(lo);
+    *scale = kvs_fp32_to_fp16((hi - lo) / (float)((1 << bits) - 1));
+}
+
+int kvs_kivi_code(float x, uint16_t scale, uint16_t mn, int bits)
+{
+    /* The code is taken against the stored (fp16-rounded) scale and minimum, so the round trip
+     * error is scale/2 plus only what the fp16 rounding of the range costs at the ends. */
+    const float s = kvs_fp16_to_fp32(scale), m = kvs_fp16_to_fp32(mn);
+    const int top = (1 << bits) - 1;
+    if (!(s > 0.0f))
+        return 0;
+    const float q = roundf((x - m) / s);
+    return q < 0.0f ? 0 : q > (float)top ? top : (int)q;
+}
+
+float kvs_dot_kivi_codes_ref(const uint8_t *codes, int bits, const float *w, int n)
+{
+    float acc = 0.0f;
+    for (int d = 0; d < n; d++)
+        acc += w[d] * (float)kvs_kivi_get(codes, bits, d);
+    return acc;
+}
+
+float kvs_dot_kivi_codes(const uint8_t *codes, int bits, const float *w, int n)
+{
+    int d = 0;
+    float acc = 0.0f;
+#if KIVI_SIMD
+    if (bits == 4)
+        acc = hsum8(dot_body(codes, 4, w, n, &d));
+    else if (bits == 2)
+        acc = hsum8(dot_body(codes, 2, w, n, &d));
+    else if (bits == 8)
+        acc = hsum8(dot_body(codes, 8, w, n, &d));
+#endif
+    for (; d < n; d++)
+        acc += w[d] * (float)kvs_kivi_get(codes, bits, d);
+    return acc;
+}
+
+size_t kvs_kivi_value_row_bytes(int n, int bits, int group)
+{
+    const int g = group < n ? group : n;
+    return ((size_t)n * bits + 7) / 8 + (size_t)((n + g - 1) / g) * 4;
+}
+
+void kvs_kivi_quantize_value_row(const float *x, int n, int bits, int group, uint8_t *row)
+{
+    const int g = group < n ? group : n;
+    const size_t code_bytes = ((size_t)n * bits + 7) / 8;
+    memset(row, 0, code_bytes);
+    for (int k = 0, c0 = 0; c0 < n; k++, c0 += g) {
+        const int len = n - c0 < g ? n - c0 : g;
+        uint16_t sm[2];
+        kvs_kivi_params(x + c0, len, 1, bits, &sm[0], &sm[1]);
+        memcpy(row + code_bytes + (size_t)4 * k, sm, sizeof sm);
+        for (int d = c0; d < c0 + len; d++)
+            kvs_kivi_set(row, bits, d, kvs_kivi_code(x[d], sm[0], sm[1], bits));
+    }
+}
+
+void kvs_kivi_dequantize_value_row(const uint8_t *row, int n, int bits, int group, float *out)
+{
+    const int g = group < n ? group : n;
+    const size_t code_bytes = ((size_t)n * bits + 7) / 8;
+    for (int k = 0, c0 = 0; c0 < n; k++, c0 += g) {
+        const int len = n - c0 < g ? n - c0 : g;
+        float sc, mn;
+        row_sm(row, code_bytes, k, &sc, &mn);
+        for (int d = c0; d < c0 + len; d++)
+            out[d] = (float)kvs_kivi_get(row, bits, d) * sc + mn;
+    }
+}
+
+void kvs_axpy_kivi_value(float *y, float a, const uint8_t *row, int n, int bits, int group)
+{
+    const int g = group < n ? group : n;
+    const size_t code_bytes = ((size_t)n * bits + 7) / 8;
+    for (int k = 0, c0 = 0; c0 < n; k++, c0 += g) {
+        const int len = n - c0 < g ? n - c0 : g;
+        float sc, mn;
+        row_sm(row, code_bytes, k, &sc, &mn);
+        const float as = a * sc, am = a * mn;
+        int d = c0;
+#if KIVI_SIMD
+        if ((c0 * bits) % 8 == 0) {
+            if (bits == 4)
+                axpy_body(y, row, 4, d, c0 + len, as, am, &d);
+            else if (bits == 2)
+                axpy_body(y, row, 2, d, c0 + len, as, am, &d);
+            else if (bits == 8)
+                axpy_body(y, row, 8, d, c0 + len, as, am, &d);
+        }
+#endif
+        for (; d < c0 + len; d++)
+            y[d] += as * (float)kvs_kivi_get(row, bits, d) + am;
+    }
+}
