@@ -72,6 +72,10 @@ static const flag_def flags[] = {
      "f32 (default), f16, bf16, q8_0 or q4_0 for weight matrices;\n"
      "norms stay f32; a matrix whose rows do not divide into 32-element\n"
      "blocks is stored as f16, with a note on stderr"},
+    {FL_DUPLICATE_LAYERS, NULL, "--duplicate-layers", K_LIST, "L1,L2,...", CMD_CONVERT, 0, 0, 0,
+     NULL,
+     "depth up-scaling: write each listed layer twice in a row (0-based,\n"
+     "increasing, each once); 1,2,3 of 5 layers gives 0,1,1,2,2,3,3,4"},
     {FL_TOKENS, NULL, "--tokens", K_STRING, "FILE", CMD_LOGITS, 0, 0, 0, NULL,
      "token ids, one per line"},
     {FL_TOKENS, NULL, "--tokens", K_STRING, "FILE", CMD_EVAL, 0, 0, 0, NULL,

@@ -57,6 +57,7 @@ typedef enum cli_flag_id {
     FL_PROMPT_LEN,
     FL_BUDGET,
     FL_EQUAL_MEMORY,
+    FL_DUPLICATE_LAYERS,
     FL_COUNT
 } cli_flag_id;
 
