@@ -13,6 +13,7 @@
  *   kv/kv.h              those timings (kvs_kv_decode_seconds, kvs_kv_prefill_hook_seconds)
  *   policies/registry.h  the policy registry and the --kv parser (eval lists policies)
  *   eval/eval.h          the fidelity harness (eval)
+ *   eval/layer_similarity.h  adjacent-layer K/V similarity (layersim)
  *   eval/plan.h          eval's runs: specs x budgets, labels, equal-memory runs */
 #ifndef KVSLIM_TOOLS_H
 #define KVSLIM_TOOLS_H
@@ -25,6 +26,7 @@
 #include "core/outfile.h"
 #include "engine/session_internal.h"
 #include "eval/eval.h"
+#include "eval/layer_similarity.h"
 #include "eval/plan.h"
 #include "kv/kv.h"
 #include "kv/policy.h"

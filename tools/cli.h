@@ -17,6 +17,7 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+int cmd_layersim(int argc, char **argv);
 
 /* Prints "kvslim CMD: message" to stderr. */
 void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -35,8 +35,8 @@ typedef struct flag_def {
     const char *help;         /* may hold newlines; continuation lines are indented */
 } flag_def;
 
-#define ALL (CMD_RUN | CMD_LOGITS | CMD_TOKENIZE | CMD_CONVERT | CMD_BENCH | CMD_EVAL)
-#define SESSION (CMD_RUN | CMD_LOGITS | CMD_BENCH | CMD_EVAL)
+#define ALL (CMD_RUN | CMD_LOGITS | CMD_TOKENIZE | CMD_CONVERT | CMD_BENCH | CMD_EVAL | CMD_LAYERSIM)
+#define SESSION (CMD_RUN | CMD_LOGITS | CMD_BENCH | CMD_EVAL | CMD_LAYERSIM)
 
 /* A word ending in "..." accepts any value with the part before it as prefix (the value's
  * own parser checks the rest, e.g. "kivi:..." for the session's KIVI parameters). */
@@ -51,8 +51,8 @@ static const char *const weight_types[] = {"f32", "f16", "bf16", "q8_0", "q4_0",
 
 /* Rows appear in each command's --help in this order. */
 static const flag_def flags[] = {
-    {FL_MODEL, "-m", "--model", K_STRING, "MODEL", CMD_RUN | CMD_LOGITS | CMD_BENCH | CMD_EVAL,
-     0, 0, 0, NULL, "GGUF model (llama architecture)"},
+    {FL_MODEL, "-m", "--model", K_STRING, "MODEL",
+     CMD_RUN | CMD_LOGITS | CMD_BENCH | CMD_EVAL | CMD_LAYERSIM, 0, 0, 0, NULL, "GGUF model (llama architecture)"},
     {FL_MODEL, "-m", "--model", K_STRING, "MODEL", CMD_TOKENIZE, 0, 0, 0, NULL,
      "GGUF model whose vocabulary to use"},
     {FL_SYNTHETIC, NULL, "--synthetic", K_STRING, "SHAPE", CMD_BENCH, 0, 0, 0, NULL,
@@ -80,14 +80,22 @@ static const flag_def flags[] = {
      "f32 (default), f16, bf16, q8_0 or q4_0 for weight matrices;\n"
      "norms stay f32; a matrix whose rows do not divide into 32-element\n"
      "blocks is stored as f16, with a note on stderr"},
+    {FL_DUPLICATE_LAYERS, NULL, "--duplicate-layers", K_LIST, "L1,L2,...", CMD_CONVERT, 0, 0, 0,
+     NULL,
+     "depth up-scaling: write each listed layer twice in a row (0-based,\n"
+     "increasing, each once); 1,2,3 of 5 layers gives 0,1,1,2,2,3,3,4"},
     {FL_TOKENS, NULL, "--tokens", K_STRING, "FILE", CMD_LOGITS, 0, 0, 0, NULL,
      "token ids, one per line"},
     {FL_TOKENS, NULL, "--tokens", K_STRING, "FILE", CMD_EVAL, 0, 0, 0, NULL,
      "token ids, one per line (T of them)"},
+    {FL_TOKENS, NULL, "--tokens", K_STRING, "FILE", CMD_LAYERSIM, 0, 0, 0, NULL,
+     "token ids, one per line"},
     {FL_OUT, "-o", "--out", K_STRING, "FILE", CMD_LOGITS, 0, 0, 0, NULL,
      "output file (written atomically)"},
     {FL_PROMPT_LEN, NULL, "--prompt-len", K_INT, "N", CMD_EVAL, 1, 1 << 24, 0, NULL,
      "prompt tokens, 1 <= N <= T-2"},
+    {FL_PROMPT_LEN, NULL, "--prompt-len", K_INT, "N", CMD_LAYERSIM, 1, 1 << 24, 0, NULL,
+     "measure over the first N tokens of FILE (default: all of them)"},
     {FL_N_PREDICT, "-n", "--n-predict", K_INT, "N", CMD_RUN, 0, 1 << 24, 0, NULL,
      "tokens to generate (default 256); stops early at EOS or BOS"},
     {FL_N_PROMPT, "-p", "--n-prompt", K_INT, "N", CMD_BENCH, 1, 1 << 22, 0, NULL,
@@ -142,6 +150,8 @@ static const flag_def flags[] = {
      "prompt tokens per forward batch (default 512)"},
     {FL_JSON, NULL, "--json", K_STRING, "OUT", CMD_EVAL, 0, 0, 0, NULL,
      "results as a JSON array of objects (rewritten as each run ends)"},
+    {FL_JSON, NULL, "--json", K_STRING, "OUT", CMD_LAYERSIM, 0, 0, 0, NULL,
+     "the table as a JSON array, one object per adjacent layer pair"},
     {FL_CSV, NULL, "--csv", K_STRING, "OUT", CMD_EVAL, 0, 0, 0, NULL,
      "results as CSV with a header line (rewritten as each run ends)"},
     {FL_PLOT, NULL, "--plot", K_STRING, "OUT.png", CMD_EVAL, 0, 0, 0, NULL,

@@ -18,6 +18,7 @@ enum {
     CMD_CONVERT = 1 << 3,
     CMD_BENCH = 1 << 4,
     CMD_EVAL = 1 << 5,
+    CMD_LAYERSIM = 1 << 6,
 };
 
 /* What a flag means; a command reads its values by these. Two table rows may share an id when
@@ -56,6 +57,7 @@ typedef enum cli_flag_id {
     FL_PROMPT_LEN,
     FL_BUDGET,
     FL_EQUAL_MEMORY,
+    FL_DUPLICATE_LAYERS,
     FL_COUNT
 } cli_flag_id;
 

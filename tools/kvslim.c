@@ -19,6 +19,7 @@ static const struct {
     {"convert", cmd_convert, "convert a llama2.c checkpoint to GGUF"},
     {"bench", cmd_bench, "measure prefill and decode speed"},
     {"eval", cmd_eval, "fidelity of KV policies against the full cache"},
+    {"layersim", cmd_layersim, "adjacent-layer cosine similarity of K and V"},
 };
 
 static void usage(FILE *f)

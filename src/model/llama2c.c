@@ -149,6 +149,13 @@ static kvs_status with_inputs(const kvs_outfile_spec *out, const char *model_pat
 kvs_status kvs_llama2c_convert_to(const char *model_path, const char *tok_path, kvs_dtype type,
                                   const kvs_outfile_spec *out_in, FILE *log, kvs_error *err)
 {
+    return kvs_llama2c_convert_dup_to(model_path, tok_path, type, NULL, 0, out_in, log, err);
+}
+
+kvs_status kvs_llama2c_convert_dup_to(const char *model_path, const char *tok_path,
+                                      kvs_dtype type, const int *dup, int n_dup,
+                                      const kvs_outfile_spec *out_in, FILE *log, kvs_error *err)
+{
     if (!model_path || !tok_path || !out_in || !out_in->path)
         return kvs_fail(err, KVS_ERR_ARG, "convert: NULL argument");
     checkpoint ck = {0};
@@ -187,7 +194,13 @@ kvs_status kvs_llama2c_convert_to(const char *model_path, const char *tok_path, 
         st = kvs_tokenizer_load_llama2c_n(tok_path, ck.src.hp.vocab, &tok, err);
     if (st == KVS_OK) {
         ck.src.name = base_name(model_path);
-        st = kvs_llama_write_gguf(&ck.src, tok, type, &out, log, err);
+        kvs_llama_src up = ck.src;
+        kvs_llama_src_layer *up_layers = NULL;
+        if (n_dup > 0)
+            st = kvs_llama_duplicate_layers(&ck.src, dup, n_dup, &up, &up_layers, err);
+        if (st == KVS_OK)
+            st = kvs_llama_write_gguf(&up, tok, type, &out, log, err);
+        free(up_layers);
     }
     kvs_tokenizer_free(tok);
     free(ck.layers);

@@ -195,3 +195,38 @@ kvs_status kvs_llama_write_gguf(const kvs_llama_src *src, const kvs_tokenizer *t
     owned_free(&c.owned);
     return st;
 }
+
+kvs_status kvs_llama_duplicate_layers(const kvs_llama_src *src, const int *dup, int n_dup,
+                                      kvs_llama_src *out, kvs_llama_src_layer **layers,
+                                      kvs_error *err)
+{
+    int n = src->hp.n_layers;
+    *layers = NULL;
+    for (int i = 0; i < n_dup; i++) {
+        if (dup[i] < 0 || dup[i] >= n)
+            return kvs_fail(err, KVS_ERR_ARG,
+                            "layer %d (entry %d of the list) is outside the model's layers "
+                            "0..%d", dup[i], i + 1, n - 1);
+        if (i > 0 && dup[i] <= dup[i - 1])
+            return kvs_fail(err, KVS_ERR_ARG,
+                            "layer %d (entry %d of the list) %s: list each layer once, in "
+                            "increasing order", dup[i], i + 1,
+                            dup[i] == dup[i - 1] ? "is listed twice" : "comes after a later one");
+    }
+    kvs_llama_src_layer *L = malloc(sizeof *L * (size_t)(n + n_dup));
+    if (!L)
+        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for %d layers", n + n_dup);
+    int k = 0, j = 0;
+    for (int l = 0; l < n; l++) {
+        L[k++] = src->layers[l];
+        if (j < n_dup && dup[j] == l) {
+            L[k++] = src->layers[l]; /* the same weights: a byte-identical copy */
+            j++;
+        }
+    }
+    *out = *src;
+    out->hp.n_layers = k;
+    out->layers = L;
+    *layers = L;
+    return KVS_OK;
+}

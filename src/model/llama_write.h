@@ -32,11 +32,25 @@ kvs_status kvs_llama_write_gguf(const kvs_llama_src *src, const kvs_tokenizer *t
                                 kvs_dtype type, const kvs_outfile_spec *out, FILE *log,
                                 kvs_error *err);
 
+/* Depth up-scaling (SOLAR-style): out describes src with each layer listed in dup (n_dup
+ * indices, strictly increasing, each in [0, n_layers)) appearing twice in a row, e.g. dup
+ * {1,2,3} of 5 layers gives layers 0,1,1,2,2,3,3,4. The duplicates point at the same weights,
+ * so they are written byte-identical. *layers (malloc'd, caller frees) backs out->layers.
+ * Errors say which entry of the list is wrong. */
+kvs_status kvs_llama_duplicate_layers(const kvs_llama_src *src, const int *dup, int n_dup,
+                                      kvs_llama_src *out, kvs_llama_src_layer **layers,
+                                      kvs_error *err);
+
 /* Converts a llama2.c checkpoint and tokenizer file into a GGUF (see kvs_llama_write_gguf).
  * The output is checked before the checkpoint is read, and is never one of the two inputs
  * (whether or not out->inputs lists them). */
 kvs_status kvs_llama2c_convert_to(const char *model_path, const char *tok_path, kvs_dtype type,
                                   const kvs_outfile_spec *out, FILE *log, kvs_error *err);
+/* The same, with the layers listed in dup duplicated (kvs_llama_duplicate_layers; none when
+ * n_dup is 0). */
+kvs_status kvs_llama2c_convert_dup_to(const char *model_path, const char *tok_path,
+                                      kvs_dtype type, const int *dup, int n_dup,
+                                      const kvs_outfile_spec *out, FILE *log, kvs_error *err);
 /* The same, writing to out_path. */
 kvs_status kvs_llama2c_convert(const char *model_path, const char *tok_path, kvs_dtype type,
                                const char *out_path, FILE *log, kvs_error *err);
