@@ -433,8 +433,13 @@ const char *cli_default_kv_type(const char *cmd)
     return !strcmp(cmd, "run") || !strcmp(cmd, "bench") ? "f16" : "f32";
 }
 
-int cli_kv_params(const cli_args *a, kvs_session_params *p)
+int cli_session_params(const cli_args *a, kvs_session_params *p)
 {
+    *p = kvs_session_default_params();
+    p->log = cli_notice; /* notices as "kvslim CMD: ..." */
+    p->log_ctx = (void *)a->cmd->name;
+    p->n_threads = cli_threads(a);
+    p->chunk = cli_get_int(a, FL_CHUNK, 0);
     p->kv_type = a->given[FL_KV_TYPE] ? a->str[FL_KV_TYPE] : cli_default_kv_type(a->cmd->name);
     if (!a->given[FL_KV])
         return 0;

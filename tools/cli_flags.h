@@ -103,9 +103,10 @@ const char *cli_get_str(const cli_args *a, cli_flag_id id, const char *def);
 
 /* -t/--threads, or the default; more threads than online CPUs are clamped with a notice. */
 int cli_threads(const cli_args *a);
-/* Applies --kv (checked with the library's spec parser) and --kv-type to session params.
- * Returns 0, or prints an error and returns -1 (a usage error). */
-int cli_kv_params(const cli_args *a, kvs_session_params *p);
+/* Session params from the flags every session command shares: the defaults, notices on stderr,
+ * -t (clamped), --chunk, --kv-type (or the command's default) and --kv (checked with the
+ * library's spec parser). Returns 0, or prints an error and returns -1 (a usage error). */
+int cli_session_params(const cli_args *a, kvs_session_params *p);
 /* The KV storage type a command uses when --kv-type is not given. */
 const char *cli_default_kv_type(const char *cmd);
 

@@ -107,14 +107,11 @@ static int bench(const cli_args *a)
 {
     const char *cmd = "bench", *model_path = a->str[FL_MODEL], *synthetic = a->str[FL_SYNTHETIC],
                *save = a->str[FL_SAVE], *json = a->str[FL_JSON];
-    kvs_session_params params = kvs_session_default_params();
-    params.log = cli_notice;
-    params.log_ctx = (void *)cmd;
+    kvs_session_params params;
     int n_prompt = cli_get_int(a, FL_N_PROMPT, 512), n_gen = cli_get_int(a, FL_N_GEN, 128),
         reps = cli_get_int(a, FL_REPS, 1);
-    if (cli_kv_params(a, &params) != 0)
+    if (cli_session_params(a, &params) != 0)
         return CLI_USAGE;
-    params.chunk = cli_get_int(a, FL_CHUNK, 0);
     if (!model_path == !synthetic) {
         cli_error(cmd, "needs exactly one of -m MODEL or --synthetic SHAPE (see --help)");
         return CLI_USAGE;
@@ -133,7 +130,7 @@ static int bench(const cli_args *a)
     /* A FIFO or device cannot be loaded back: the model goes to a private file, then to it. */
     const int save_through = save && save_kind == KVS_OUTFILE_THROUGH;
 
-    int threads = cli_threads(a);
+    const int threads = params.n_threads;
     kvs_error err = {0};
     kvs_status st = KVS_OK;
     char tmp_path[4096] = "";
@@ -186,7 +183,6 @@ static int bench(const cli_args *a)
                       a->given[FL_N_GEN] ? a->as[FL_N_GEN] : "-n", n_gen, info.n_ctx);
         goto fail;
     }
-    params.n_threads = threads;
     if ((st = kvs_session_new(m, &params, &s, &err)) != KVS_OK)
         goto fail;
     if (!(tokens = malloc(sizeof(int32_t) * (size_t)(n_prompt + n_gen)))) {

@@ -27,13 +27,9 @@ static int logits(const cli_args *a)
     kvs_outfile_spec dst = cli_output("--out", out_path, inputs, 2);
     if (cli_check_output(cmd, &dst, NULL) != 0)
         return CLI_FAIL;
-    kvs_session_params params = kvs_session_default_params();
-    params.log = cli_notice;
-    params.log_ctx = (void *)cmd;
-    if (cli_kv_params(a, &params) != 0)
+    kvs_session_params params;
+    if (cli_session_params(a, &params) != 0)
         return CLI_USAGE;
-    params.n_threads = cli_threads(a);
-    params.chunk = cli_get_int(a, FL_CHUNK, 0);
     int32_t *ids = NULL;
     int n = 0;
     if (cli_read_tokens(cmd, tokens_path, &ids, &n) != 0)

@@ -43,17 +43,13 @@ static int run(const cli_args *a)
                              .top_k = cli_get_int(a, FL_TOP_K, 40),
                              .top_p = (float)cli_get_f64(a, FL_TOP_P, 0.95),
                              .seed = a->given[FL_SEED] ? (uint64_t)a->i[FL_SEED] : 42};
-    kvs_session_params params = kvs_session_default_params();
-    if (cli_kv_params(a, &params) != 0)
+    kvs_session_params params;
+    if (cli_session_params(a, &params) != 0)
         return CLI_USAGE;
-    params.n_threads = cli_threads(a);
     params.n_ctx = n_ctx;
-    params.chunk = cli_get_int(a, FL_CHUNK, 0);
     params.context_shift = a->given[FL_CONTEXT_SHIFT] > 0;
     params.allow_ctx_beyond_trained = 1; /* -c asked for it; the session sends a notice */
     const int ignore_eos = a->given[FL_IGNORE_EOS] > 0;
-    params.log = cli_notice;
-    params.log_ctx = (void *)cmd;
 
     char *owned = NULL;
     if (file && !(text = owned = cli_read_file(cmd, file, NULL)))
