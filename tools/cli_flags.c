@@ -129,12 +129,18 @@ static const flag_def flags[] = {
      "policies if none is) at slots = round(mean slots attended) of\n"
      "every one-shot run; those rows have budget 'eq:<slots>' and\n"
      "name the one-shot runs they match (equal_memory_of)"},
-    {FL_KV_TYPE, NULL, "--kv-type", K_WORD, "TYPE", SESSION, 0, 0, 0, kv_types,
+    {FL_KV_TYPE, NULL, "--kv-type", K_WORD, "TYPE", SESSION & ~CMD_EVAL, 0, 0, 0, kv_types,
      "KV storage type: f32 or f16 (default: f16 for run and bench,\n"
      "f32 for eval and logits, which measure); kivi4 or kivi2: KIVI\n"
      "4- or 2-bit codes (keys per channel, values per token, groups\n"
      "of 32, the newest 128 tokens in f16); kivi:kbits=B,vbits=B,\n"
      "group=G,residual=R sets them (B 1, 2, 4 or 8; R a multiple of G)"},
+    {FL_KV_TYPE, NULL, "--kv-type", K_STRING, "TYPE", CMD_EVAL, 0, 0, 1, NULL,
+     "storage of the evaluated runs (default f32): f32, f16, kivi4, kivi2\n"
+     "or kivi:kbits=B,vbits=B,group=G,residual=R; '--kv-type f16,kivi4'\n"
+     "lists bare names, repeat for more; every run is made on each type.\n"
+     "The reference is always the full F32 cache; 'full' on another\n"
+     "type measures what that storage costs"},
     {FL_THREADS, "-t", "--threads", K_INT, "N", SESSION, 1, 256, 0, NULL,
      "threads (default: online CPUs, at most 8; more than the online\n"
      "CPUs are clamped to their number)"},

@@ -11,26 +11,35 @@
 static const cli_command eval_cmd = {
     "eval", CMD_EVAL,
     "usage: kvslim eval -m MODEL --tokens FILE --prompt-len N --kv SPEC [--kv SPEC ...]\n"
-    "                   [--budget B1,B2,...] [--equal-memory] [--kv-type f32|f16] [-t N]\n"
+    "                   [--budget B1,B2,...] [--equal-memory] [--kv-type T1,T2,...] [-t N]\n"
     "                   [--chunk N] [--json OUT] [--csv OUT] [--plot OUT.png]\n"
     "\n"
     "Measures how far each KV policy's next-token distributions move from the full cache's.\n"
     "For T tokens in FILE, every run prefills tokens 0..N-1 as the prompt, then feeds N..T-1\n"
     "one at a time (teacher-forced). The logits after feeding token t, t = N..T-2, are scored\n"
-    "(each predicts token t+1). The full cache is always run once, on the same path, as the\n"
-    "reference; it is shown once, as the table's first row.\n"
+    "(each predicts token t+1). The reference is the full cache on F32 storage, run once on\n"
+    "the same path whatever --kv-type says; it is the table's first row. Every policy and\n"
+    "budget runs on each --kv-type (rows grouped by type), and 'full' on a type other than\n"
+    "f32 is a row of its own: what that storage alone costs.\n"
     "\n"
     "Columns: KL = mean KL(full || policy) in nats; top-1 = share of rows whose argmax\n"
     "matches the full cache's; ppl, ppl_full = perplexity of tokens N+1..T-1; attn recall =\n"
     "share of the full softmax mass on the attended slots (mean over decode steps); slots\n"
     "kept = live slots per (layer, KV head) right after the prompt; slots attended = mean per\n"
-    "layer and query head over the decode steps; KV bytes = sampled after every decode step\n"
-    "(kv_bytes is their maximum, kv_bytes_mean their mean; kv_bytes_full_f16 the mean size a\n"
-    "full F16 cache would have at the same points).\n"
+    "layer and query head over the decode steps; KV bytes = the bytes the cache holds (codes,\n"
+    "scales, residual rows, positions, policy state), sampled after every decode step\n"
+    "(kv_bytes is their maximum, kv_bytes_mean their mean, kv_bytes_end the last;\n"
+    "kv_bytes_full_f16 the mean size a full F16 cache would have at the same points, and\n"
+    "kv_bytes_rel_f16 = kv_bytes_mean / kv_bytes_full_f16, the table's last column). JSON\n"
+    "\"report\" (CSV \"notes\", joined by '; ') holds the policy's own report lines.\n"
     "\n"
-    "Every spec is checked against the model and the prompt before the first run. Each finished\n"
-    "run prints one line on stderr, and --json/--csv are rewritten after every run, so an\n"
-    "interrupted eval keeps what it measured; the table (stdout) and the plot come at the end.\n"
+    "With --equal-memory, a one-shot run's equal-memory runs use its storage type: same\n"
+    "slots on the same storage, so the same bytes (the kv_bytes columns show them).\n"
+    "\n"
+    "Every spec is checked against the model, the prompt and each type before the first run.\n"
+    "Each finished run prints one line on stderr, and --json/--csv are rewritten after every\n"
+    "run, so an interrupted eval keeps what it measured; the table (stdout) and the plot come\n"
+    "at the end.\n"
     "\n",
     NULL};
 
@@ -98,6 +107,23 @@ static void csv_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
+/* The report lines as one CSV field, joined by "; ". */
+static void csv_notes(FILE *f, const char *report)
+{
+    char joined[2 * KVS_EVAL_REPORT_BYTES];
+    size_t n = 0;
+    for (const char *p = report; *p && n + 3 < sizeof joined; p++) {
+        if (*p == '\n') {
+            joined[n++] = ';';
+            joined[n++] = ' ';
+        } else {
+            joined[n++] = *p;
+        }
+    }
+    joined[n] = 0;
+    csv_str(f, joined);
+}
+
 static char *to_json(const row *rows, int n, size_t *len)
 {
     char *buf = NULL;
@@ -111,6 +137,8 @@ static char *to_json(const row *rows, int n, size_t *len)
         json_str(f, r->policy);
         fputs(", \"params\": ", f);
         json_str(f, r->params);
+        fputs(", \"kv_type\": ", f);
+        json_str(f, r->kv_type);
         fputs(", \"budget\": ", f);
         if (r->budget > 0)
             json_num(f, r->budget);
@@ -130,8 +158,10 @@ static char *to_json(const row *rows, int n, size_t *len)
         json_num(f, r->slots_attended_mean);
         fprintf(f, ", \"kv_bytes\": %zu, \"kv_bytes_mean\": ", r->kv_bytes);
         json_num(f, r->kv_bytes_mean);
-        fputs(", \"kv_bytes_full_f16\": ", f);
+        fprintf(f, ", \"kv_bytes_end\": %zu, \"kv_bytes_full_f16\": ", r->kv_bytes_end);
         json_num(f, r->kv_bytes_full_f16);
+        fputs(", \"kv_bytes_rel_f16\": ", f);
+        json_num(f, r->kv_bytes_rel_f16);
         fputs(", \"slots_kept\": ", f);
         json_num(f, r->slots_kept);
         fprintf(f, ", \"budget_slots\": %d, \"budget_label\": ", r->budget_slots);
@@ -146,7 +176,16 @@ static char *to_json(const row *rows, int n, size_t *len)
         fprintf(f, ", \"kv_bytes_peak_run\": %zu, \"rows\": %d, \"seconds\": ",
                 r->kv_bytes_peak_run, r->n_rows);
         json_num(f, r->seconds);
-        fprintf(f, "}%s\n", i + 1 < n ? "," : "");
+        fputs(", \"report\": [", f);
+        for (const char *p = r->report; *p;) {
+            char line[KVS_EVAL_REPORT_BYTES];
+            size_t len = strcspn(p, "\n");
+            snprintf(line, sizeof line, "%.*s", (int)len, p);
+            fputs(p == r->report ? "" : ", ", f);
+            json_str(f, line);
+            p += len + (p[len] == '\n');
+        }
+        fprintf(f, "]}%s\n", i + 1 < n ? "," : "");
     }
     fputs("]\n", f);
     if (fclose(f) != 0) {
@@ -164,7 +203,8 @@ static char *to_csv(const row *rows, int n, size_t *len)
         return NULL;
     fputs("policy,params,budget,kl,top1,ppl,ppl_full,attn_recall,slots_attended_mean,kv_bytes,"
           "kv_bytes_mean,kv_bytes_full_f16,slots_kept,budget_slots,budget_label,kind,"
-          "equal_memory_of,kv_bytes_peak_run,rows,seconds\n",
+          "equal_memory_of,kv_bytes_peak_run,rows,seconds,kv_type,kv_bytes_end,kv_bytes_rel_f16,"
+          "notes\n",
           f);
     for (int i = 0; i < n; i++) {
         const kvs_eval_result *r = &rows[i].r;
@@ -183,7 +223,11 @@ static char *to_csv(const row *rows, int n, size_t *len)
         csv_str(f, kind_name(r->kind));
         fputc(',', f);
         csv_str(f, rows[i].eq ? rows[i].eq_of : "");
-        fprintf(f, ",%zu,%d,%.4f\n", r->kv_bytes_peak_run, r->n_rows, r->seconds);
+        fprintf(f, ",%zu,%d,%.4f,", r->kv_bytes_peak_run, r->n_rows, r->seconds);
+        csv_str(f, r->kv_type);
+        fprintf(f, ",%zu,%.10g,", r->kv_bytes_end, r->kv_bytes_rel_f16);
+        csv_notes(f, r->report);
+        fputc('\n', f);
     }
     if (fclose(f) != 0) {
         free(buf);
@@ -194,9 +238,9 @@ static char *to_csv(const row *rows, int n, size_t *len)
 
 static void print_table(FILE *f, const row *rows, int n)
 {
-    fputs("| policy | budget | slots kept at prompt end | mean slots attended | KL | top-1 | ppl "
-          "| ppl_full | attn recall | KV bytes mean | KV bytes vs full F16 |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|\n",
+    fputs("| policy | kv_type | budget | slots kept at prompt end | mean slots attended | KL | "
+          "top-1 | ppl | ppl_full | attn recall | KV bytes mean | KV bytes vs full F16 |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|\n",
           f);
     for (int i = 0; i < n; i++) {
         const kvs_eval_result *r = &rows[i].r;
@@ -206,10 +250,10 @@ static void print_table(FILE *f, const row *rows, int n)
             snprintf(kept, sizeof kept, "%.0f", r->slots_kept);
         else
             snprintf(kept, sizeof kept, "%.1f", r->slots_kept);
-        fprintf(f, "| %s | %s | %s | %.1f | %.4f | %.3f | %.3f | %.3f | %.4f | %s | %.3f |\n",
-                name, rows[i].label, kept, r->slots_attended_mean, r->kl, r->top1, r->ppl,
-                r->ppl_full, r->attn_recall, cli_bytes(bytes, sizeof bytes, r->kv_bytes_mean),
-                r->kv_bytes_full_f16 > 0 ? r->kv_bytes_mean / r->kv_bytes_full_f16 : 0.0);
+        fprintf(f, "| %s | %s | %s | %s | %.1f | %.4f | %.3f | %.3f | %.3f | %.4f | %s | %.3f |\n",
+                name, r->kv_type, rows[i].label, kept, r->slots_attended_mean, r->kl, r->top1,
+                r->ppl, r->ppl_full, r->attn_recall,
+                cli_bytes(bytes, sizeof bytes, r->kv_bytes_mean), r->kv_bytes_rel_f16);
     }
 }
 
@@ -230,15 +274,17 @@ static const char *base_name(const char *path)
 
 /* Everything one eval holds. */
 typedef struct eval_state {
-    const char *model_path, *tokens_path, *kv_type, *json_path, *csv_path, *plot_path;
+    const char *model_path, *tokens_path, *json_path, *csv_path, *plot_path;
     int prompt_len, equal_memory;
-    kvs_eval_plan plan; /* the runs, from --kv and --budget (eval/plan.h) */
+    kvs_eval_plan plan;   /* the runs, from --kv and --budget (eval/plan.h) */
+    kvs_eval_types types; /* each run is made on each of these, from --kv-type */
     int32_t *ids;
     int n_ids;
     kvs_model *m;
     kvs_eval_setup setup;
     kvs_eval_ref ref;
     row_list rows;
+    int done, total; /* runs finished and planned, for the progress tag [done/total] */
     progress_ctx pc;
     kvs_error err;
     /* Destinations: a regular file is rewritten after every run; a FIFO, device or stdout
@@ -251,27 +297,38 @@ typedef struct eval_state {
 static void eval_free(eval_state *e)
 {
     kvs_eval_plan_free(&e->plan);
+    kvs_eval_types_free(&e->types);
     free(e->ids);
     kvs_eval_ref_free(&e->ref);
     kvs_model_free(e->m);
     free(e->rows.v);
 }
 
-/* The runs of --kv x --budget (eval/plan.h), every spec parsed. */
+/* The values of a repeatable flag, in order (malloc'd; NULL when out of memory). */
+static const char **values_of(const cli_args *a, cli_flag_id id)
+{
+    const char **v = malloc(sizeof *v * (size_t)(a->given[id] + 1));
+    for (int k = 0; v && k < a->given[id]; k++)
+        v[k] = cli_each(a, id, k);
+    return v;
+}
+
+/* The runs of --kv x --budget (eval/plan.h) and the --kv-type list, every spec and type
+ * parsed. */
 static int make_plan(const char *cmd, const cli_args *a, eval_state *e)
 {
-    int n_kv = a->given[FL_KV];
-    const char **kv = malloc(sizeof *kv * (size_t)n_kv);
-    if (!kv) {
-        cli_error(cmd, "out of memory");
-        return CLI_FAIL;
-    }
-    for (int k = 0; k < n_kv; k++)
-        kv[k] = cli_each(a, FL_KV, k);
-    kvs_status st = kvs_eval_plan_make(&e->plan, kv, n_kv,
-                                       a->given[FL_BUDGET] ? a->str[FL_BUDGET] : NULL,
-                                       e->equal_memory, &e->err);
+    const char **kv = values_of(a, FL_KV), **types = values_of(a, FL_KV_TYPE);
+    kvs_status st = KVS_ERR_NOMEM;
+    if (kv && types)
+        st = kvs_eval_plan_make(&e->plan, kv, a->given[FL_KV],
+                                a->given[FL_BUDGET] ? a->str[FL_BUDGET] : NULL, e->equal_memory,
+                                &e->err);
+    else
+        kvs_fail(&e->err, st, "out of memory");
+    if (st == KVS_OK) /* none given: eval's default, f32 */
+        st = kvs_eval_types_make(&e->types, types, a->given[FL_KV_TYPE], &e->err);
     free(kv);
+    free(types);
     if (st != KVS_OK) {
         cli_error(cmd, "%s", e->err.msg);
         return cli_status_exit(st);
@@ -279,7 +336,23 @@ static int make_plan(const char *cmd, const cli_args *a, eval_state *e)
     return CLI_OK;
 }
 
-/* The token file against --prompt-len, the model, and every planned run against both. */
+/* One planned spec on the setup's storage type, checked; a refusal that does not name the
+ * type is said to be on it. */
+static int check_on_type(const char *cmd, eval_state *e, const char *spec)
+{
+    kvs_status st = kvs_eval_check_policy(e->m, &e->setup, spec, &e->err);
+    if (st == KVS_OK)
+        return CLI_OK;
+    if ((e->types.n > 1 || !kvs_eval_type_is_f32(e->setup.kv_type)) &&
+        !strstr(e->err.msg, e->setup.kv_type))
+        cli_error(cmd, "%s (with --kv-type %s)", e->err.msg, e->setup.kv_type);
+    else
+        cli_error(cmd, "%s", e->err.msg);
+    return cli_status_exit(st);
+}
+
+/* The token file against --prompt-len, the model, and every planned run on every type against
+ * both. */
 static int load_and_check(const char *cmd, const cli_args *a, eval_state *e, int threads)
 {
     if (cli_read_tokens(cmd, e->tokens_path, &e->ids, &e->n_ids) != 0)
@@ -297,7 +370,7 @@ static int load_and_check(const char *cmd, const cli_args *a, eval_state *e, int
     }
     e->setup = (kvs_eval_setup){.tokens = e->ids, .n_tokens = e->n_ids,
                                 .prompt_len = e->prompt_len, .n_threads = threads,
-                                .chunk = cli_get_int(a, FL_CHUNK, 0), .kv_type = e->kv_type,
+                                .chunk = cli_get_int(a, FL_CHUNK, 0),
                                 .progress = on_progress, .progress_ctx = &e->pc,
                                 .log = cli_notice, .log_ctx = (void *)cmd};
     kvs_status st;
@@ -313,13 +386,16 @@ static int load_and_check(const char *cmd, const cli_args *a, eval_state *e, int
             cli_error(cmd, "%s: %s", e->tokens_path, e->err.msg);
         return cli_status_exit(st);
     }
-    for (int j = 0; j < e->plan.jobs.n; j++)
-        if ((st = kvs_eval_check_policy(e->m, &e->setup, e->plan.jobs.v[j].spec, &e->err)) !=
-            KVS_OK) {
-            cli_error(cmd, "%s", e->err.msg);
-            return cli_status_exit(st);
-        }
-    return CLI_OK;
+    int rc = CLI_OK;
+    for (int t = 0; t < e->types.n && rc == CLI_OK; t++) {
+        e->setup.kv_type = e->types.v[t];
+        if (e->plan.has_full && !kvs_eval_type_is_f32(e->types.v[t]))
+            rc = check_on_type(cmd, e, "full");
+        for (int j = 0; j < e->plan.jobs.n && rc == CLI_OK; j++)
+            rc = check_on_type(cmd, e, e->plan.jobs.v[j].spec);
+    }
+    e->setup.kv_type = NULL;
+    return rc;
 }
 
 /* Rewrites --json and --csv with every row so far (final: the last call; "through"
@@ -351,11 +427,19 @@ static int save_rows(const char *cmd, const eval_state *e, int final)
     return 0;
 }
 
-/* One run (spec NULL: the reference) appended as a row, saved, and reported on stderr. */
-static int run_one(const char *cmd, eval_state *e, const char *spec, const char *tag,
-                   row *rw)
+/* One run (spec NULL: the reference) on the setup's storage type appended as a row, saved, and
+ * reported on stderr ("[equal memory]" runs say so). */
+static int run_one(const char *cmd, eval_state *e, const char *spec, row *rw)
 {
-    snprintf(e->pc.label, sizeof e->pc.label, "eval %s %.280s", tag, spec ? spec : "full");
+    char tag[160], on[140] = "";
+    if (spec && (e->types.n > 1 || !kvs_eval_type_is_f32(e->setup.kv_type)))
+        snprintf(on, sizeof on, " --kv-type %.120s", e->setup.kv_type);
+    if (rw->eq) /* not planned: derived from the group's results */
+        snprintf(tag, sizeof tag, "[equal memory]");
+    else
+        snprintf(tag, sizeof tag, "[%d/%d]", ++e->done, e->total);
+    snprintf(e->pc.label, sizeof e->pc.label, "eval %s %.150s%s", tag, spec ? spec : "full",
+             on);
     kvs_status st = spec ? kvs_eval_policy(e->m, &e->setup, &e->ref, spec, &rw->r, &e->err)
                          : kvs_eval_reference(e->m, &e->setup, &e->ref, &rw->r, &e->err);
     if (st != KVS_OK) {
@@ -363,7 +447,8 @@ static int run_one(const char *cmd, eval_state *e, const char *spec, const char 
         cli_error(cmd, "%s", e->err.msg);
         return cli_status_exit(st);
     }
-    cli_progress_line("eval %s %s done in %.1f s", tag, spec ? spec : "full", rw->r.seconds);
+    cli_progress_line("eval %s %s%s done in %.1f s", tag, spec ? spec : "full", on,
+                      rw->r.seconds);
     if (rows_append(&e->rows, rw) != 0) {
         cli_error(cmd, "out of memory");
         return CLI_FAIL;
@@ -388,9 +473,44 @@ static int run_equal_memory(const char *cmd, eval_state *e, int first, int last)
         row rw = {.eq = 1};
         snprintf(rw.label, sizeof rw.label, "%s", eq.v[j].label);
         snprintf(rw.eq_of, sizeof rw.eq_of, "%s", eq.v[j].equal_memory_of);
-        rc = run_one(cmd, e, eq.v[j].spec, "[equal memory]", &rw);
+        rc = run_one(cmd, e, eq.v[j].spec, &rw);
     }
     kvs_eval_jobs_free(&eq);
+    return rc;
+}
+
+/* The --kv-type list as "f32, kivi4" (cut to size). */
+static const char *type_list(const eval_state *e, char *buf, size_t size)
+{
+    size_t n = 0;
+    buf[0] = 0;
+    for (int t = 0; t < e->types.n && n < size; t++)
+        n += (size_t)snprintf(buf + n, size - n, "%s%s", t ? ", " : "", e->types.v[t]);
+    return buf;
+}
+
+/* The runs on one storage type: "full" on it when a full spec was given (unless it is f32, the
+ * reference's), then per budget group its runs followed by its equal-memory runs, which are
+ * made on the same type. */
+static int run_type(const char *cmd, eval_state *e, const char *type)
+{
+    int rc = CLI_OK;
+    e->setup.kv_type = type;
+    if (e->plan.has_full && !kvs_eval_type_is_f32(type)) {
+        row rw = {.label = "-"};
+        rc = run_one(cmd, e, "full", &rw);
+    }
+    for (int b = 0; b < e->plan.n_groups && rc == CLI_OK; b++) {
+        int group_start = e->rows.n;
+        for (int s = 0; s < kvs_eval_plan_group_size(&e->plan) && rc == CLI_OK; s++) {
+            const kvs_eval_job *job = kvs_eval_plan_job(&e->plan, b, s);
+            row rw = {0};
+            snprintf(rw.label, sizeof rw.label, "%s", job->label);
+            rc = run_one(cmd, e, job->spec, &rw);
+        }
+        if (rc == CLI_OK && e->equal_memory)
+            rc = run_equal_memory(cmd, e, group_start, e->rows.n);
+    }
     return rc;
 }
 
@@ -408,10 +528,10 @@ static int make_plot(const char *cmd, const eval_state *e)
             res[i] = e->rows.v[i].r;
             eq[i] = e->rows.v[i].eq;
         }
-        char title[512];
+        char title[768], types[256];
         snprintf(title, sizeof title, "kvslim eval: %.150s, %.150s, prompt %d of %d tokens, "
                  "KV %s", base_name(e->model_path), base_name(e->tokens_path), e->prompt_len,
-                 e->n_ids, e->kv_type ? e->kv_type : "f32");
+                 e->n_ids, type_list(e, types, sizeof types));
         st = kvs_eval_plot(res, eq, n, title, &png, &png_len, &err);
     } else {
         kvs_fail(&err, KVS_ERR_NOMEM, "out of memory");
@@ -435,7 +555,6 @@ static int eval(const cli_args *a)
     eval_state e = {0};
     e.model_path = a->str[FL_MODEL];
     e.tokens_path = a->str[FL_TOKENS];
-    e.kv_type = a->given[FL_KV_TYPE] ? a->str[FL_KV_TYPE] : cli_default_kv_type(cmd);
     e.json_path = a->str[FL_JSON];
     e.csv_path = a->str[FL_CSV];
     e.plot_path = a->str[FL_PLOT];
@@ -463,30 +582,22 @@ static int eval(const cli_args *a)
     if (rc == CLI_OK)
         rc = load_and_check(cmd, a, &e, cli_threads(a));
 
-    /* Rows: the reference, then per budget group its runs followed by its equal-memory runs. */
-    int total = 1 + e.plan.jobs.n, done = 0;
-    char tag[48];
+    /* Rows: the reference, then per storage type its runs (run_type). */
+    int n_full = 0;
+    for (int t = 0; t < e.types.n; t++)
+        n_full += e.plan.has_full && !kvs_eval_type_is_f32(e.types.v[t]);
+    e.total = 1 + n_full + e.types.n * e.plan.jobs.n;
     if (rc == CLI_OK) {
         row rw = {.label = "-"};
-        snprintf(tag, sizeof tag, "[%d/%d]", ++done, total);
-        rc = run_one(cmd, &e, NULL, tag, &rw);
+        rc = run_one(cmd, &e, NULL, &rw);
     }
-    for (int b = 0; b < e.plan.n_groups && rc == CLI_OK; b++) {
-        int group_start = e.rows.n;
-        for (int s = 0; s < kvs_eval_plan_group_size(&e.plan) && rc == CLI_OK; s++) {
-            const kvs_eval_job *job = kvs_eval_plan_job(&e.plan, b, s);
-            row rw = {0};
-            snprintf(rw.label, sizeof rw.label, "%s", job->label);
-            snprintf(tag, sizeof tag, "[%d/%d]", ++done, total);
-            rc = run_one(cmd, &e, job->spec, tag, &rw);
-        }
-        if (rc == CLI_OK && e.equal_memory)
-            rc = run_equal_memory(cmd, &e, group_start, e.rows.n);
-    }
+    for (int t = 0; t < e.types.n && rc == CLI_OK; t++)
+        rc = run_type(cmd, &e, e.types.v[t]);
     if (rc == CLI_OK) {
-        printf("kvslim eval: %s, %s: %d tokens, prompt %d, %d scored rows, KV %s\n\n",
-               base_name(e.model_path), base_name(e.tokens_path), e.n_ids, e.prompt_len,
-               e.ref.n_rows, e.kv_type ? e.kv_type : "f32");
+        char types[256];
+        printf("kvslim eval: %s, %s: %d tokens, prompt %d, %d scored rows, KV %s (reference: "
+               "full, f32)\n\n", base_name(e.model_path), base_name(e.tokens_path), e.n_ids,
+               e.prompt_len, e.ref.n_rows, type_list(&e, types, sizeof types));
         print_table(stdout, e.rows.v, e.rows.n);
         fflush(stdout);
         if (save_rows(cmd, &e, 1) != 0)

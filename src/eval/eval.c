@@ -90,11 +90,31 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* One run. With fill set, each scored row is first stored into fill (the reference), and the
- * comparison is then against fill itself. */
-static kvs_status run(const kvs_model *m, const kvs_eval_setup *s, const char *spec_text,
-                      kvs_eval_ref *fill, const kvs_eval_ref *cmp, kvs_eval_result *res,
-                      kvs_error *err)
+/* The policy's report lines into res (see kvs_eval_result.report). */
+static void keep_report(kvs_session *sess, kvs_eval_result *res)
+{
+    size_t len = 0;
+    char line[512];
+    for (int i = 0; i < KVS_EVAL_REPORT_LINES; i++) {
+        if (kvs_session_policy_report(sess, i, line, sizeof line) != 0)
+            break;
+        line[strcspn(line, "\n")] = 0; /* one line each: the separator is '\n' */
+        size_t n = strlen(line);
+        if (len + (len > 0) + n + 1 > sizeof res->report)
+            break;
+        if (len > 0)
+            res->report[len++] = '\n';
+        memcpy(res->report + len, line, n + 1);
+        len += n;
+        res->n_report++;
+    }
+}
+
+/* One run on kv_type storage. With fill set, each scored row is first stored into fill (the
+ * reference), and the comparison is then against fill itself. */
+static kvs_status run(const kvs_model *m, const kvs_eval_setup *s, const char *kv_type,
+                      const char *spec_text, kvs_eval_ref *fill, const kvs_eval_ref *cmp,
+                      kvs_eval_result *res, kvs_error *err)
 {
     memset(res, 0, sizeof *res);
     kvs_status st = kvs_eval_check_setup(m, s, err);
@@ -112,6 +132,7 @@ static kvs_status run(const kvs_model *m, const kvs_eval_setup *s, const char *s
                         cmp->n_rows, cmp->n_vocab, n_rows, V);
 
     snprintf(res->policy, sizeof res->policy, "%s", spec.type->name);
+    snprintf(res->kv_type, sizeof res->kv_type, "%s", kv_type ? kv_type : "f32");
     snprintf(res->params, sizeof res->params, "%s", spec.text);
     res->kind = spec.type->kind;
     res->budget = spec.budget;
@@ -125,7 +146,7 @@ static kvs_status run(const kvs_model *m, const kvs_eval_setup *s, const char *s
     if (s->chunk > 0)
         p.chunk = s->chunk;
     p.kv_policy = spec_text; /* errors echo the spec as the user typed it */
-    p.kv_type = s->kv_type;
+    p.kv_type = kv_type;
     p.measure_recall = 1;
     p.log = s->log;
     p.log_ctx = s->log_ctx;
@@ -155,6 +176,7 @@ static kvs_status run(const kvs_model *m, const kvs_eval_setup *s, const char *s
         attended += ss.slots_attended;
         size_t b = kvs_session_kv_bytes(sess);
         bytes += (double)b;
+        res->kv_bytes_end = b;
         if (b > res->kv_bytes)
             res->kv_bytes = b;
         bytes_f16 += (double)kvs_session_kv_bytes_full_f16(sess);
@@ -185,7 +207,10 @@ static kvs_status run(const kvs_model *m, const kvs_eval_setup *s, const char *s
     res->slots_attended_mean = attended / n_steps;
     res->kv_bytes_mean = bytes / n_steps;
     res->kv_bytes_full_f16 = bytes_f16 / n_steps;
+    res->kv_bytes_rel_f16 =
+        res->kv_bytes_full_f16 > 0 ? res->kv_bytes_mean / res->kv_bytes_full_f16 : 0;
     res->kv_bytes_peak_run = kvs_session_kv_peak_bytes(sess);
+    keep_report(sess, res);
     res->seconds = now() - t0;
 done:
     kvs_session_free(sess);
@@ -212,7 +237,7 @@ kvs_status kvs_eval_reference(const kvs_model *m, const kvs_eval_setup *s, kvs_e
                         s->n_tokens - s->prompt_len - 1, info.n_vocab);
     }
     /* The full policy has no budget, so its canonical text is just the name. */
-    st = run(m, s, "full", ref, ref, res, err);
+    st = run(m, s, NULL, "full", ref, ref, res, err);
     if (st != KVS_OK)
         kvs_eval_ref_free(ref);
     return st;
@@ -240,5 +265,5 @@ kvs_status kvs_eval_policy(const kvs_model *m, const kvs_eval_setup *s, const kv
 {
     if (!ref || !ref->logits)
         return kvs_fail(err, KVS_ERR_ARG, "no reference run to compare with");
-    return run(m, s, spec, NULL, ref, res, err);
+    return run(m, s, s->kv_type, spec, NULL, ref, res, err);
 }

@@ -5,9 +5,10 @@
  * 0..N-1 in one kvs_session_eval call, then feeds N..T-1 one at a time. The logits after
  * feeding token t, t = N..T-2, are the scored rows (row t predicts token t+1); the row after the
  * last prompt token is not scored. The reference is a run of the same path with the "full"
- * policy, so the reference compared with itself gives exactly KL 0 and top-1 1. Per-step
- * statistics (attention recall, slots attended, KV bytes) are sampled after each of the T - N
- * decode steps. */
+ * policy on F32 storage, whatever storage the evaluated runs use, so the reference compared
+ * with itself gives exactly KL 0 and top-1 1, and "full" on another storage type (f16, kivi4)
+ * measures what that storage costs. Per-step statistics (attention recall, slots attended, KV
+ * bytes) are sampled after each of the T - N decode steps. */
 #ifndef KVS_EVAL_H
 #define KVS_EVAL_H
 
@@ -23,7 +24,9 @@ typedef struct kvs_eval_setup {
     int prompt_len; /* N, in [1, T - 2] */
     int n_threads;  /* >= 1 */
     int chunk;      /* prompt tokens per forward batch; 0 = the session default */
-    const char *kv_type; /* "f32" (NULL) or "f16" */
+    /* Storage of the evaluated runs (kvs_eval_policy, kvs_eval_check_policy): "f32" (NULL),
+     * "f16", "kivi4", "kivi2", "kivi:key=value,...". Never the reference's: that is F32. */
+    const char *kv_type;
     /* Called after every decode step (done of total), if set. */
     void (*progress)(void *ctx, int done, int total);
     void *progress_ctx;
@@ -42,9 +45,14 @@ typedef struct kvs_eval_ref {
     double kv_bytes_mean; /* mean KV bytes over the decode steps */
 } kvs_eval_ref;
 
-/* One (policy, budget) run. */
+/* The policy's report lines kept per run (kvs_session_policy_report), and their total size. */
+#define KVS_EVAL_REPORT_LINES 8
+#define KVS_EVAL_REPORT_BYTES 2048
+
+/* One (policy, budget, storage type) run. */
 typedef struct kvs_eval_result {
     char policy[64];  /* the policy's name */
+    char kv_type[128]; /* the storage type as given ("f32" for the reference and for NULL) */
     char params[256]; /* canonical spec text, e.g. "h2o:budget=0.1" */
     kvs_policy_kind kind;
     double budget;          /* as given in the spec: fraction or token count; 0 = none */
@@ -58,19 +66,30 @@ typedef struct kvs_eval_result {
     double attn_recall;     /* mean over decode steps */
     double slots_attended_mean; /* mean over decode steps, per layer and query head */
     double slots_kept;      /* live slots per (layer, KV head) right after the prompt */
-    size_t kv_bytes;        /* largest KV bytes sampled after a decode step */
-    double kv_bytes_mean;   /* mean KV bytes sampled after each decode step */
+    /* KV bytes held, as the store and the policy count them (kvs_session_kv_bytes: codes,
+     * scales, minima, residual rows, positions, metadata and policy state of the slots that
+     * are occupied), sampled after each decode step: */
+    size_t kv_bytes;        /* the largest sample */
+    double kv_bytes_mean;   /* their mean */
+    size_t kv_bytes_end;    /* the last sample, after the last token */
     double kv_bytes_full_f16; /* mean bytes of a full F16 cache at the same points */
+    double kv_bytes_rel_f16;  /* kv_bytes_mean / kv_bytes_full_f16 (0 if that is 0) */
     size_t kv_bytes_peak_run; /* kvs_session_kv_peak_bytes at the end: whole run, including
                                  prefill and within steps */
     double seconds;         /* wall time of the run */
+    /* The policy's own report lines at the end of the run (its `report` hook, what bench
+     * prints: e.g. HashEvict's per-step costs, MiniCache's formula bytes), '\n'-separated,
+     * n_report of them; cut at KVS_EVAL_REPORT_LINES lines or KVS_EVAL_REPORT_BYTES bytes. */
+    char report[KVS_EVAL_REPORT_BYTES];
+    int n_report;
 } kvs_eval_result;
 
-/* Runs the full cache and keeps its scored rows in ref (free with kvs_eval_ref_free); res gets
- * the reference's own row (KL 0, top-1 1). */
+/* Runs the full cache on F32 storage (s->kv_type is not used) and keeps its scored rows in ref
+ * (free with kvs_eval_ref_free); res gets the reference's own row (KL 0, top-1 1). */
 kvs_status kvs_eval_reference(const kvs_model *m, const kvs_eval_setup *s, kvs_eval_ref *ref,
                               kvs_eval_result *res, kvs_error *err);
-/* Runs one policy spec ("NAME[:key=value,...]") and compares it with ref. */
+/* Runs one policy spec ("NAME[:key=value,...]") on s->kv_type storage and compares it with
+ * ref. */
 kvs_status kvs_eval_policy(const kvs_model *m, const kvs_eval_setup *s, const kvs_eval_ref *ref,
                            const char *spec, kvs_eval_result *res, kvs_error *err);
 void kvs_eval_ref_free(kvs_eval_ref *ref);

@@ -6,9 +6,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "core/error.h"
+#include "core/dtype.h"
 #include "core/number.h"
+#include "kv/kivi.h"
 #include "policies/registry.h"
 
 /* ---- string lists ---- */
@@ -222,18 +225,21 @@ static const kvs_policy_type *spec_type(const char *spec)
 
 /* ---- the plan ---- */
 
-/* The --kv values as specs: a value with a comma and no '=' or ':' is a list of bare names. */
-static kvs_status collect_specs(const char *const *kv, int n_kv, str_list *specs, kvs_error *err)
+/* The values of a repeatable list flag (--kv, --kv-type) as items: a value with a comma and no
+ * '=' or ':' is a list of bare names ("full,h2o,snapkv", "f16,kivi4"); any other value is one
+ * item, commas and all ("h2o:budget=0.1,window=8", "kivi:kbits=4,vbits=2"). */
+static kvs_status collect_items(const char *flag, const char *const *vals, int n_vals,
+                                str_list *out, kvs_error *err)
 {
-    for (int k = 0; k < n_kv; k++) {
-        const char *v = kv[k];
+    for (int k = 0; k < n_vals; k++) {
+        const char *v = vals[k];
         int is_list = strchr(v, ',') && !strchr(v, '=') && !strchr(v, ':');
         if (is_list && (v[0] == ',' || strstr(v, ",,") || v[strlen(v) - 1] == ',')) {
             char c[USER_TEXT_MAX + 1];
-            return kvs_fail(err, KVS_ERR_ARG, "--kv '%s': empty item in the list",
+            return kvs_fail(err, KVS_ERR_ARG, "%s '%s': empty item in the list", flag,
                             clip(v, c, sizeof c));
         }
-        if (is_list ? split(v, specs) != 0 : str_add(specs, v, strlen(v)) != 0)
+        if (is_list ? split(v, out) != 0 : str_add(out, v, strlen(v)) != 0)
             return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
     }
     return KVS_OK;
@@ -298,6 +304,7 @@ static kvs_status plan_all(kvs_eval_plan *plan, const str_list *specs, const str
         if (t && t->kind == KVS_KIND_FULL) { /* the reference is always run; it only parses */
             if ((st = kvs_policy_parse(spec, &parsed, err)) != KVS_OK)
                 return st;
+            plan->has_full = 1;
             continue;
         }
         if ((st = plan_spec(plan, spec, budgets, err)) != KVS_OK)
@@ -325,7 +332,7 @@ kvs_status kvs_eval_plan_make(kvs_eval_plan *plan, const char *const *kv, int n_
     if (n_kv < 0 || (n_kv > 0 && !kv))
         return kvs_fail(err, KVS_ERR_ARG, "kvs_eval_plan_make: no --kv values");
     str_list specs = {0}, items = {0}, evicting = {0};
-    kvs_status st = collect_specs(kv, n_kv, &specs, err);
+    kvs_status st = collect_items("--kv", kv, n_kv, &specs, err);
     if (st == KVS_OK && budgets && split(budgets, &items) != 0)
         st = kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
     if (st == KVS_OK)
@@ -407,5 +414,84 @@ kvs_status kvs_eval_plan_equal_memory(const kvs_eval_plan *plan, const kvs_eval_
         if (st != KVS_OK)
             return st;
     }
+    return KVS_OK;
+}
+
+/* ---- storage types ---- */
+
+void kvs_eval_types_free(kvs_eval_types *t)
+{
+    if (!t)
+        return;
+    for (int i = 0; i < t->n; i++)
+        free(t->v[i]);
+    free(t->v);
+    *t = (kvs_eval_types){0};
+}
+
+int kvs_eval_type_is_f32(const char *type)
+{
+    kvs_dtype d;
+    return !type || (kvs_dtype_parse(type, &d) == 0 && d == KVS_F32);
+}
+
+/* One storage type as the session will read it: f32, f16 or a KIVI type (kv/kivi.h). */
+static kvs_status check_type(const char *given, const char *type, kvs_error *err)
+{
+    char c[USER_TEXT_MAX + 1], g[USER_TEXT_MAX + 1];
+    kvs_kivi_cfg kivi;
+    kvs_error kerr = {0};
+    int is_kivi = kvs_kivi_parse(type, &kivi, &kerr);
+    if (is_kivi > 0)
+        return KVS_OK;
+    if (is_kivi < 0) /* its message names the type: "--kv-type kivi:bits=4: unknown ..." */
+        return kvs_fail(err, KVS_ERR_ARG, "%s", kerr.msg);
+    kvs_dtype d;
+    if (kvs_dtype_parse(type, &d) == 0 && (d == KVS_F32 || d == KVS_F16))
+        return KVS_OK;
+    if (!strcmp(given, type))
+        return kvs_fail(err, KVS_ERR_ARG, "--kv-type: unknown type '%s' (expected f32, f16, "
+                        "kivi4, kivi2 or kivi:kbits=B,vbits=B,group=G,residual=R)",
+                        clip(type, c, sizeof c));
+    return kvs_fail(err, KVS_ERR_ARG, "--kv-type %s: unknown type '%s' (expected f32, f16, "
+                    "kivi4, kivi2 or kivi:kbits=B,vbits=B,group=G,residual=R)",
+                    clip(given, g, sizeof g), clip(type, c, sizeof c));
+}
+
+kvs_status kvs_eval_types_make(kvs_eval_types *t, const char *const *vals, int n_vals,
+                               kvs_error *err)
+{
+    if (!t)
+        return kvs_fail(err, KVS_ERR_ARG, "kvs_eval_types_make: types is NULL");
+    *t = (kvs_eval_types){0};
+    if (n_vals < 0 || (n_vals > 0 && !vals))
+        return kvs_fail(err, KVS_ERR_ARG, "kvs_eval_types_make: no --kv-type values");
+    static const char *const f32[] = {"f32"};
+    if (n_vals == 0) {
+        vals = f32;
+        n_vals = 1;
+    }
+    str_list items = {0};
+    kvs_status st = KVS_OK;
+    /* Value by value, so a message quotes the value the user typed. */
+    for (int k = 0; k < n_vals && st == KVS_OK; k++) {
+        int first = items.n;
+        st = collect_items("--kv-type", vals + k, 1, &items, err);
+        for (int i = first; i < items.n && st == KVS_OK; i++) {
+            st = check_type(vals[k], items.v[i], err);
+            for (int j = 0; j < i && st == KVS_OK; j++)
+                if (!strcasecmp(items.v[j], items.v[i])) {
+                    char c[USER_TEXT_MAX + 1];
+                    st = kvs_fail(err, KVS_ERR_ARG, "--kv-type %s is listed twice",
+                                  clip(items.v[i], c, sizeof c));
+                }
+        }
+    }
+    if (st != KVS_OK) {
+        str_free(&items);
+        return st;
+    }
+    t->v = items.v;
+    t->n = items.n;
     return KVS_OK;
 }

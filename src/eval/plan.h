@@ -35,6 +35,7 @@ typedef struct kvs_eval_plan {
      * always run: they are only checked. */
     kvs_eval_jobs jobs;
     int n_groups;   /* budget groups: the --budget items, or 1 */
+    int has_full;   /* a full spec was given: each non-F32 storage type gets a full row */
     /* The evicting policies --equal-memory runs: the evicting specs given, as typed, or, when
      * none is and equal_memory is set, every registered evicting policy by name. */
     char **evicting;
@@ -61,6 +62,26 @@ const kvs_eval_job *kvs_eval_plan_job(const kvs_eval_plan *plan, int group, int 
  * added to the job's equal_memory_of instead. Other kinds of run add nothing. */
 kvs_status kvs_eval_plan_equal_memory(const kvs_eval_plan *plan, const kvs_eval_result *run,
                                       kvs_eval_jobs *eq, kvs_error *err);
+
+/* ---- storage types: eval's --kv-type ---- */
+/* The storage types the planned runs are crossed with (the reference is always the full F32
+ * cache, whatever they are), in the order given. */
+typedef struct kvs_eval_types {
+    char **v; /* each type as typed: "f32", "f16", "kivi4", "kivi:kbits=4,vbits=2" (owned) */
+    int n;
+} kvs_eval_types;
+
+/* The types of vals[0..n_vals-1] (each --kv-type value: one type, or a comma-separated list of
+ * bare names "f32,f16,kivi4", by --kv's rule: a value with a comma and no '=' or ':' is a list,
+ * so a kivi:key=value,... type is one value of its own). Each is checked as the session reads
+ * it (f32, f16, kivi4, kivi2, kivi:...); an unknown or malformed one fails naming it and the
+ * value it came from, and a type listed twice fails (KVS_ERR_ARG). No values: {"f32"}. On
+ * failure *t is left empty. */
+kvs_status kvs_eval_types_make(kvs_eval_types *t, const char *const *vals, int n_vals,
+                               kvs_error *err);
+void kvs_eval_types_free(kvs_eval_types *t);
+/* Is type the F32 store, the reference's storage ("f32", any case; NULL counts)? */
+int kvs_eval_type_is_f32(const char *type);
 
 /* ---- pieces of the plan ---- */
 /* A --budget item as a spec item and a table label: "0.25" -> budget=0.25 (label 0.25), "25%" ->
