@@ -313,22 +313,30 @@ static const char **values_of(const cli_args *a, cli_flag_id id)
     return v;
 }
 
-/* The runs of --kv x --budget (eval/plan.h) and the --kv-type list, every spec and type
- * parsed. */
+/* The --kv-type list (eval/plan.h), every type checked: first, as the flag parser checks the
+ * other commands' --kv-type. None given: eval's default, f32. */
+static int make_types(const char *cmd, const cli_args *a, eval_state *e)
+{
+    const char **types = values_of(a, FL_KV_TYPE);
+    kvs_status st = types ? kvs_eval_types_make(&e->types, types, a->given[FL_KV_TYPE], &e->err)
+                          : kvs_fail(&e->err, KVS_ERR_NOMEM, "out of memory");
+    free(types);
+    if (st != KVS_OK) {
+        cli_error(cmd, "%s", e->err.msg);
+        return cli_status_exit(st);
+    }
+    return CLI_OK;
+}
+
+/* The runs of --kv x --budget (eval/plan.h), every spec parsed. */
 static int make_plan(const char *cmd, const cli_args *a, eval_state *e)
 {
-    const char **kv = values_of(a, FL_KV), **types = values_of(a, FL_KV_TYPE);
-    kvs_status st = KVS_ERR_NOMEM;
-    if (kv && types)
-        st = kvs_eval_plan_make(&e->plan, kv, a->given[FL_KV],
-                                a->given[FL_BUDGET] ? a->str[FL_BUDGET] : NULL, e->equal_memory,
-                                &e->err);
-    else
-        kvs_fail(&e->err, st, "out of memory");
-    if (st == KVS_OK) /* none given: eval's default, f32 */
-        st = kvs_eval_types_make(&e->types, types, a->given[FL_KV_TYPE], &e->err);
+    const char **kv = values_of(a, FL_KV);
+    kvs_status st = kv ? kvs_eval_plan_make(&e->plan, kv, a->given[FL_KV],
+                                            a->given[FL_BUDGET] ? a->str[FL_BUDGET] : NULL,
+                                            e->equal_memory, &e->err)
+                       : kvs_fail(&e->err, KVS_ERR_NOMEM, "out of memory");
     free(kv);
-    free(types);
     if (st != KVS_OK) {
         cli_error(cmd, "%s", e->err.msg);
         return cli_status_exit(st);
@@ -560,12 +568,16 @@ static int eval(const cli_args *a)
     e.plot_path = a->str[FL_PLOT];
     e.prompt_len = cli_get_int(a, FL_PROMPT_LEN, -1);
     e.equal_memory = a->given[FL_EQUAL_MEMORY] > 0;
+    int rc = make_types(cmd, a, &e);
+    if (rc != CLI_OK)
+        return rc;
     if (!e.model_path || !e.tokens_path || e.prompt_len < 0 || !a->given[FL_KV]) {
         cli_error(cmd, "needs -m MODEL, --tokens FILE, --prompt-len N and at least one --kv SPEC "
                        "(see --help)");
+        eval_free(&e);
         return CLI_USAGE;
     }
-    int rc = make_plan(cmd, a, &e);
+    rc = make_plan(cmd, a, &e);
     e.inputs[0] = (kvs_outfile_input){"-m", e.model_path};
     e.inputs[1] = (kvs_outfile_input){"--tokens", e.tokens_path};
     e.json_out = cli_output("--json", e.json_path, e.inputs, 2);

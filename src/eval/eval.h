@@ -109,9 +109,12 @@ int kvs_eval_argmax(const float *x, int n);
 /* Is gnuplot on PATH? If not, err says how to install it. */
 kvs_status kvs_eval_plot_check(kvs_error *err);
 /* Draws KL and top-1 against mean KV bytes relative to a full F16 cache of the same tokens
- * (kv_bytes_mean / kv_bytes_full_f16, as the table), one line per policy across budgets; rows
- * with equal_memory[i] set are drawn as separate point series. Runs gnuplot in a temporary
- * directory; *png (malloc'd) receives the image. */
+ * (kv_bytes_rel_f16, as the table), one line per configuration (policy x kv_type) across
+ * budgets: colour by policy, point shape by storage type; a storage-only row (full on kivi4)
+ * is a single point; rows with equal_memory[i] set are drawn as separate dashed series. KL is
+ * on a log scale when it spans more than a decade; the reference (KL 0) is then left out, as
+ * the panel's title says. Runs gnuplot in a temporary directory; *png (malloc'd) receives the
+ * image. */
 kvs_status kvs_eval_plot(const kvs_eval_result *r, const int *equal_memory, int n,
                          const char *title, void **png, size_t *png_len, kvs_error *err);
 

@@ -57,8 +57,8 @@ static void put_quoted(FILE *f, const char *s)
     fputc('\'', f);
 }
 
-/* The series a result belongs to: its canonical spec without the budget (or slots) item. */
-static void series_key(const kvs_eval_result *r, char *buf, size_t size)
+/* The policy a result belongs to: its canonical spec without the budget (or slots) item. */
+static void policy_key(const kvs_eval_result *r, char *buf, size_t size)
 {
     const char *colon = strchr(r->params, ':');
     if (!colon) {
@@ -82,10 +82,15 @@ static void series_key(const kvs_eval_result *r, char *buf, size_t size)
     }
 }
 
+/* One line of the plot: a configuration, policy x storage type (x equal-memory or not), its
+ * points the budgets. */
 typedef struct series {
-    char key[256];
-    int eq;    /* equal-memory rows */
-    int color; /* index of the base policy's colour */
+    char key[256];   /* the policy's key (policy_key) */
+    char type[128];  /* the storage type */
+    int eq;          /* equal-memory rows */
+    int color;       /* index of the policy's colour */
+    int shape;       /* index of the storage type's point shape */
+    int any_kl;      /* some point has KL > 0 (drawable on a log scale) */
     int *rows;
     int n;
 } series;
@@ -132,9 +137,14 @@ static kvs_status read_all(const char *path, void **out, size_t *len, kvs_error 
 static const char *const colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
                                      "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"};
 #define N_COLORS ((int)(sizeof colors / sizeof colors[0]))
+/* gnuplot point types by storage type: filled (a plain run) and open (equal memory) circle,
+ * square, triangle, inverted triangle, diamond, pentagon. */
+static const int filled_pt[] = {7, 5, 9, 11, 13, 15}, open_pt[] = {6, 4, 8, 10, 12, 14};
+#define N_SHAPES ((int)(sizeof filled_pt / sizeof filled_pt[0]))
 
-/* One panel: a line per series, points labelled with their budgets. The full cache's
- * series (KL 0) is left out of a log-scale KL panel. */
+/* One panel: a line per series, points labelled with their budgets. A series without a KL
+ * above 0 (the reference, the full F32 cache) is left out of a log-scale KL panel, which says
+ * so in its title. */
 static void plot_panel(FILE *f, const char *data, const series *sr, int n_series, int column,
                        int log_kl)
 {
@@ -143,7 +153,7 @@ static void plot_panel(FILE *f, const char *data, const series *sr, int n_series
     fputs("plot ", f);
     for (int i = 0; i < n_series; i++) {
         const series *s = &sr[i];
-        if (column == 2 && log_kl && !strcmp(s->key, "full"))
+        if (column == 2 && log_kl && !s->any_kl)
             continue;
         const char *color = colors[s->color % N_COLORS];
         fputs(first ? "" : ", \\\n     ", f);
@@ -151,11 +161,14 @@ static void plot_panel(FILE *f, const char *data, const series *sr, int n_series
         put_quoted(f, data);
         fprintf(f, " index %d using 1:%s", i, y);
         if (s->eq)
-            fprintf(f, " with linespoints dt 2 lw 1.5 pt 6 ps 1.6 lc rgb '%s' title ", color);
+            fprintf(f, " with linespoints dt 2 lw 1.5 pt %d ps 1.6 lc rgb '%s' title ",
+                    open_pt[s->shape % N_SHAPES], color);
         else
-            fprintf(f, " with linespoints lw 2 pt 7 ps 1.2 lc rgb '%s' title ", color);
-        char title[300];
-        snprintf(title, sizeof title, "%s%s", s->key, s->eq ? " (equal memory)" : "");
+            fprintf(f, " with linespoints lw 2 pt %d ps 1.2 lc rgb '%s' title ",
+                    filled_pt[s->shape % N_SHAPES], color);
+        char title[420];
+        snprintf(title, sizeof title, "%s, %s%s", s->key, s->type,
+                 s->eq ? " (equal memory)" : "");
         put_quoted(f, title);
     }
     /* The last block holds one labelled point per distinct (x, budget). */
@@ -177,10 +190,10 @@ kvs_status kvs_eval_plot(const kvs_eval_result *r, const int *equal_memory, int 
     if (st != KVS_OK)
         return st;
 
-    /* Series in order of first appearance; colours by base policy (key without eq). */
+    /* Series in order of first appearance; colours by policy, point shapes by storage type. */
     series *sr = calloc((size_t)n, sizeof *sr);
     double *x = malloc(sizeof(double) * (size_t)n);
-    int n_series = 0, n_colors = 0;
+    int n_series = 0, n_colors = 0, n_shapes = 0;
     if (!sr || !x) {
         free(sr);
         free(x);
@@ -190,26 +203,30 @@ kvs_status kvs_eval_plot(const kvs_eval_result *r, const int *equal_memory, int 
     for (int i = 0; i < n; i++) {
         /* The same ratio as the table's column; every run sees the same tokens, so the F16
          * reference is the same for all (a full F32 cache sits at 2). */
-        x[i] = r[i].kv_bytes_full_f16 > 0 ? r[i].kv_bytes_mean / r[i].kv_bytes_full_f16 : 0;
+        x[i] = r[i].kv_bytes_rel_f16;
         if (r[i].kl > 0) {
             min_kl = fmin(min_kl, r[i].kl);
             max_kl = fmax(max_kl, r[i].kl);
         }
         char key[256];
-        series_key(&r[i], key, sizeof key);
+        policy_key(&r[i], key, sizeof key);
+        const char *type = r[i].kv_type[0] ? r[i].kv_type : "f32";
         int eq = equal_memory && equal_memory[i];
-        int j, color = -1;
+        int j, color = -1, shape = -1;
         for (j = 0; j < n_series; j++) {
-            if (!strcmp(sr[j].key, key)) {
+            if (!strcmp(sr[j].key, key))
                 color = sr[j].color;
-                if (sr[j].eq == eq)
-                    break;
-            }
+            if (!strcmp(sr[j].type, type))
+                shape = sr[j].shape;
+            if (!strcmp(sr[j].key, key) && !strcmp(sr[j].type, type) && sr[j].eq == eq)
+                break;
         }
         if (j == n_series) {
             snprintf(sr[j].key, sizeof sr[j].key, "%s", key);
+            snprintf(sr[j].type, sizeof sr[j].type, "%s", type);
             sr[j].eq = eq;
             sr[j].color = color >= 0 ? color : n_colors++;
+            sr[j].shape = shape >= 0 ? shape : n_shapes++;
             if (!(sr[j].rows = malloc(sizeof(int) * (size_t)n))) {
                 st = kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
                 goto out;
@@ -217,6 +234,7 @@ kvs_status kvs_eval_plot(const kvs_eval_result *r, const int *equal_memory, int 
             n_series++;
         }
         sr[j].rows[sr[j].n++] = i;
+        sr[j].any_kl |= r[i].kl > 0;
     }
     /* Log-scale KL when the values span more than a decade. */
     const int log_kl = max_kl > 0 && max_kl / min_kl > 10;
@@ -292,13 +310,15 @@ kvs_status kvs_eval_plot(const kvs_eval_result *r, const int *equal_memory, int 
         st = kvs_fail(err, KVS_ERR_IO, "%s: %s", script, strerror(errno));
         goto cleanup;
     }
-    fputs("if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) {\n"
-          "  set terminal pngcairo noenhanced size 1700,640 font 'sans,11'\n"
-          "} else {\n"
-          "  set terminal png noenhanced size 1700,640\n"
-          "}\n"
-          "set output ",
-          f);
+    /* Tall enough for a legend entry per series beside each panel. */
+    const int height = 640 > 160 + 19 * n_series ? 640 : 160 + 19 * n_series;
+    fprintf(f, "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) {\n"
+               "  set terminal pngcairo noenhanced size 1700,%d font 'sans,11'\n"
+               "} else {\n"
+               "  set terminal png noenhanced size 1700,%d\n"
+               "}\n"
+               "set output ",
+            height, height);
     put_quoted(f, image);
     fputs("\nset multiplot layout 1,2 title ", f);
     put_quoted(f, title ? title : "kvslim eval");
@@ -317,7 +337,14 @@ kvs_status kvs_eval_plot(const kvs_eval_result *r, const int *equal_memory, int 
         fputs("set logscale y\nset format y '%g'\n", f);
     else
         fputs("set yrange [0:*]\n", f);
-    fputs("set title 'KL from the full cache (lower is better); points labelled with their budget'\n", f);
+    /* The reference has KL 0: no place on a log scale, so it is left out and the title says so. */
+    if (log_kl)
+        fputs("set title \"KL from the full F32 cache (lower is better); points labelled with "
+              "their budget\\nthe reference itself (KL 0) is not drawn on the log scale\"\n",
+              f);
+    else
+        fputs("set title \"KL from the full F32 cache (lower is better); points labelled with "
+              "their budget\\nthe reference itself sits at KL 0\"\n", f);
     plot_panel(f, data, sr, n_series, 2, log_kl);
     fputs("unset logscale y\nset format y '%g'\nset yrange [*:1.01]\n"
           "set key outside right top vertical box samplen 2 reverse Left width 1\n"
