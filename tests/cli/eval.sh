@@ -5,7 +5,7 @@
 source "$(dirname "$0")/lib.bash"
 GGUF=$MODELS/gguf/stories260K-f32.gguf
 TOKENS=$GOLDEN/stories260K-sample-512.tokens
-FIELDS="policy params budget kl top1 ppl ppl_full attn_recall slots_attended_mean kv_bytes kv_bytes_mean kv_bytes_full_f16"
+FIELDS="policy params kv_type budget kl top1 ppl ppl_full attn_recall slots_attended_mean kv_bytes kv_bytes_mean kv_bytes_end kv_bytes_full_f16 kv_bytes_rel_f16 report"
 
 if "$KVS_BIN" eval -m "$GGUF" --tokens "$TOKENS" --prompt-len 384 --kv full,streaming \
   --budget 0.1,1.0 -t 2 --json "$TMP/out.json" --csv "$TMP/out.csv" >"$TMP/table" 2>"$TMP/err"
@@ -13,7 +13,7 @@ then pass "eval runs"; else fail "eval runs: $(head -c 400 "$TMP/err")"; fi
 # Not a terminal: no spinner, just one line per finished run.
 ! grep -qv '^eval \[[0-9]*/3\] .* done in ' "$TMP/err" && [ "$(wc -l <"$TMP/err")" = 3 ] \
   && pass "stderr: one line per run when not a terminal" || fail "stderr: $(head -c 200 "$TMP/err")"
-grep -q '^| full | - | 384 | 448.5 | 0.0000 | 1.000 |' "$TMP/table" && pass "table full row" \
+grep -q '^| full | f32 | - | 384 | 448.5 | 0.0000 | 1.000 |' "$TMP/table" && pass "table full row" \
   || fail "table full row: $(cat "$TMP/table")"
 
 # Pulls a field of the JSON row with the given params (the objects are one per line).
@@ -54,7 +54,7 @@ fi
 # A full-only run still works, and a policy's own budget is used without --budget.
 "$KVS_BIN" eval -m "$GGUF" --tokens "$TOKENS" --prompt-len 500 --kv full \
   --kv streaming:slots=64 -t 2 >"$TMP/t2" 2>&1 \
-  && grep -q '^| streaming | 64 | 64 | 64.0 |' "$TMP/t2" && pass "own budget" \
+  && grep -q '^| streaming | f32 | 64 | 64 | 64.0 |' "$TMP/t2" && pass "own budget" \
   || fail "own budget: $(head -c 400 "$TMP/t2")"
 
 # Equal memory: streaming at the one-shot policy's mean slots attended (snapkv at 0.1 attends
@@ -62,7 +62,7 @@ fi
 if "$KVS_BIN" eval --kv help | grep '^snapkv ' >/dev/null; then
   "$KVS_BIN" eval -m "$GGUF" --tokens "$TOKENS" --prompt-len 384 --kv streaming,snapkv \
     --budget 0.1 --equal-memory -t 2 --csv "$TMP/eq.csv" >"$TMP/t3" 2>&1 \
-    && grep -q '^| streaming | eq:103 | 103 | 103.0 |' "$TMP/t3" \
+    && grep -q '^| streaming | f32 | eq:103 | 103 | 103.0 |' "$TMP/t3" \
     && grep -q '"eq:103","evicting","snapkv:budget=0.1"' "$TMP/eq.csv" \
     && pass "equal memory" || fail "equal memory: $(head -c 600 "$TMP/t3")"
 fi

@@ -26,8 +26,8 @@ expect_fail "bad budget word" "expected a fraction of the prompt (0.25 or 25%) o
   "${B[@]}" --kv streaming --budget half
 
 "${B[@]}" --kv streaming --budget 0.25,25%,slots=96 --json "$TMP/sp.json" >"$TMP/sp.table" 2>/dev/null \
-  && grep -q '^| streaming | 0.25 | 96 |' "$TMP/sp.table" && grep -q '^| streaming | 25% | 96 |' "$TMP/sp.table" \
-  && grep -q '^| streaming | 96 | 96 |' "$TMP/sp.table" && grep -q '"params": "streaming:slots=96"' "$TMP/sp.json" \
+  && grep -q '^| streaming | f32 | 0.25 | 96 |' "$TMP/sp.table" && grep -q '^| streaming | f32 | 25% | 96 |' "$TMP/sp.table" \
+  && grep -q '^| streaming | f32 | 96 | 96 |' "$TMP/sp.table" && grep -q '"params": "streaming:slots=96"' "$TMP/sp.json" \
   && pass "budget spellings 0.25, 25%, slots=96" || fail "budget spellings: $(cat "$TMP/sp.table")"
 
 # Too few tokens for any eval: said in the file's terms, not "the prompt must be 1..0".
