@@ -53,6 +53,69 @@ static void count_notice(void *ctx, const char *msg)
     ++*(int *)ctx;
 }
 
+/* Storage types: the reference ignores the setup's kv_type (always the full F32 cache), and
+ * the evaluated runs use it, naming it in their rows. */
+static void test_storage_types(const kvs_model *m, const kvs_eval_setup *s,
+                               const kvs_eval_ref *ref, const kvs_eval_result *full)
+{
+    kvs_error err = {0};
+    static kvs_eval_result r; /* (results hold their report lines: keep them off the stack) */
+    CHECK(!strcmp(full->kv_type, "f32"));
+    CHECK(full->kv_bytes_end == full->kv_bytes && full->kv_bytes_end > 0);
+    CHECK(full->kv_bytes_rel_f16 == full->kv_bytes_mean / full->kv_bytes_full_f16);
+    CHECK(full->n_report == 0 && full->report[0] == 0);
+
+    /* The reference with kv_type set to KIVI-2 is still the full F32 cache, to the bit. */
+    const char *types[] = {"kivi2", "f16", "kivi:kbits=4,vbits=2"};
+    for (int i = 0; i < 3; i++) {
+        kvs_eval_setup ts = *s;
+        ts.kv_type = types[i];
+        kvs_eval_ref again;
+        CHECK(kvs_eval_reference(m, &ts, &again, &r, &err) == KVS_OK);
+        CHECKF(!strcmp(r.kv_type, "f32") && r.kl == 0.0 && r.ppl == full->ppl &&
+                   r.kv_bytes_mean == full->kv_bytes_mean,
+               "%s: reference on %s, ppl %.9g vs %.9g", types[i], r.kv_type, r.ppl, full->ppl);
+        CHECK(again.n_rows == ref->n_rows &&
+              !memcmp(again.logits, ref->logits,
+                      sizeof(float) * (size_t)ref->n_rows * (size_t)ref->n_vocab));
+        kvs_eval_ref_free(&again);
+
+        /* The full policy on that storage: a row of its own, compared with the F32 cache. */
+        CHECK(kvs_eval_policy(m, &ts, ref, "full", &r, &err) == KVS_OK);
+        CHECKF(!strcmp(r.kv_type, types[i]) && r.kl > 0 && r.kl < 0.5, "%s: kl %g",
+               types[i], r.kl);
+        CHECKF(r.kv_bytes_mean < full->kv_bytes_mean && r.kv_bytes_end > 0 &&
+                   r.kv_bytes_rel_f16 == r.kv_bytes_mean / r.kv_bytes_full_f16 &&
+                   r.kv_bytes_full_f16 == full->kv_bytes_full_f16,
+               "%s: %g bytes vs %g", types[i], r.kv_bytes_mean, full->kv_bytes_mean);
+        CHECK(kvs_eval_check_policy(m, &ts, "streaming:slots=8", &err) == KVS_OK);
+    }
+    /* F16 is close to exact; the half-size cache. */
+    kvs_eval_setup f16 = *s;
+    f16.kv_type = "f16";
+    CHECK(kvs_eval_policy(m, &f16, ref, "full", &r, &err) == KVS_OK);
+    CHECKF(r.kl < 1e-4 && r.top1 == 1.0, "f16: kl %g top1 %g", r.kl, r.top1);
+    CHECK(r.kv_bytes_end < full->kv_bytes_end / 2 + full->kv_bytes_end / 8);
+
+    /* A bad type fails the check, naming it. */
+    kvs_eval_setup bad = *s;
+    bad.kv_type = "q9";
+    CHECK(kvs_eval_check_policy(m, &bad, "full", &err) == KVS_ERR_ARG);
+    CHECKF(strstr(err.msg, "'q9'") != NULL, "%s", err.msg);
+
+    /* The policy's report lines (HashEvict reports its per-step costs). */
+    if (kvs_eval_policy(m, s, ref, "hashevict:slots=16", &r, &err) == KVS_OK) {
+        CHECKF(r.n_report >= 1 && strstr(r.report, "hashevict:slots=16 timing") == r.report,
+               "%d lines: %s", r.n_report, r.report);
+        int lines = 1;
+        for (const char *p = r.report; *p; p++)
+            lines += *p == '\n';
+        CHECK(lines == r.n_report && r.report[strlen(r.report) - 1] != '\n');
+    } else {
+        CHECKF(0, "hashevict: %s", err.msg);
+    }
+}
+
 static void test_protocol(void)
 {
     char path[1024];
@@ -131,6 +194,8 @@ static void test_protocol(void)
     bad.tokens = oov;
     CHECK(kvs_eval_policy(m, &bad, &ref, "full", &r, &err) == KVS_ERR_ARG);
     CHECK(strstr(err.msg, "token id 100000 (token 41") != NULL);
+
+    test_storage_types(m, &s, &ref, &full);
 
     kvs_eval_ref_free(&ref);
     kvs_model_free(m);

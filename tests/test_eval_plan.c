@@ -257,6 +257,64 @@ static void test_plan_errors(void)
     plan_bad((const char *[]){spec}, 1, "0.1", "... (596 bytes): spec too long");
 }
 
+static void types_ok(const char *const *vals, int n, int want_n, const char *const *want)
+{
+    kvs_eval_types t;
+    kvs_error err = {0};
+    CHECKF(kvs_eval_types_make(&t, vals, n, &err) == KVS_OK, "%s", err.msg);
+    CHECKF(t.n == want_n, "%d types, want %d", t.n, want_n);
+    for (int i = 0; i < t.n && i < want_n; i++)
+        CHECKF(!strcmp(t.v[i], want[i]), "type %d: %s, want %s", i, t.v[i], want[i]);
+    kvs_eval_types_free(&t);
+}
+
+static void types_bad(const char *const *vals, int n, const char *want)
+{
+    kvs_eval_types t;
+    kvs_error err = {0};
+    CHECKF(kvs_eval_types_make(&t, vals, n, &err) == KVS_ERR_ARG, "%s accepted", vals[0]);
+    CHECKF(strstr(err.msg, want) != NULL, "'%s' lacks '%s'", err.msg, want);
+    CHECK(t.n == 0 && t.v == NULL);
+    kvs_eval_types_free(&t);
+}
+
+/* eval's --kv-type: a list by --kv's rule, each type checked, none given = f32. */
+static void test_types(void)
+{
+    types_ok(NULL, 0, 1, (const char *[]){"f32"});
+    types_ok((const char *[]){"f32,f16,kivi4,kivi2"}, 1, 4,
+             (const char *[]){"f32", "f16", "kivi4", "kivi2"});
+    /* A kivi:key=value,... type has commas of its own: one value, one type. */
+    types_ok((const char *[]){"f16", "kivi:kbits=4,vbits=2", "kivi2,F32"}, 3, 4,
+             (const char *[]){"f16", "kivi:kbits=4,vbits=2", "kivi2", "F32"});
+    types_bad((const char *[]){"q9"}, 1,
+              "--kv-type: unknown type 'q9' (expected f32, f16, kivi4, kivi2, kivi:...)");
+    types_bad((const char *[]){"f16", "f32,q9"}, 2, "--kv-type f32,q9: unknown type 'q9'");
+    types_bad((const char *[]){"q8_0"}, 1, "unknown type 'q8_0'"); /* a weight type */
+    types_bad((const char *[]){"kivi3"}, 1, "unknown type 'kivi3'");
+    types_bad((const char *[]){"f32", "kivi:bits=4"}, 2,
+              "--kv-type kivi:bits=4: unknown parameter 'bits'");
+    types_bad((const char *[]){"kivi:group=7"}, 1, "residual 128 must be a multiple of group 7");
+    types_bad((const char *[]){"f16,,kivi4"}, 1, "--kv-type 'f16,,kivi4': empty item in the list");
+    types_bad((const char *[]){"kivi4", "f16,KIVI4"}, 2, "--kv-type KIVI4 is listed twice");
+    types_bad((const char *[]){"f32,kivi:kbits=4"}, 1, "takes a --kv-type of its own");
+
+    CHECK(kvs_eval_type_is_f32(NULL) && kvs_eval_type_is_f32("f32") &&
+          kvs_eval_type_is_f32("F32"));
+    CHECK(!kvs_eval_type_is_f32("f16") && !kvs_eval_type_is_f32("kivi4") &&
+          !kvs_eval_type_is_f32("q8_0"));
+
+    /* A full spec among the --kv values: each non-F32 type gets a full row. */
+    kvs_eval_plan p;
+    kvs_error err = {0};
+    CHECK(kvs_eval_plan_make(&p, (const char *[]){"full,h2o"}, 1, "0.1", 0, &err) == KVS_OK);
+    CHECK(p.has_full == 1 && p.jobs.n == 1);
+    kvs_eval_plan_free(&p);
+    CHECK(kvs_eval_plan_make(&p, (const char *[]){"h2o"}, 1, "0.1", 0, &err) == KVS_OK);
+    CHECK(p.has_full == 0);
+    kvs_eval_plan_free(&p);
+}
+
 static kvs_eval_result result(const char *params, kvs_policy_kind kind, double attended)
 {
     kvs_eval_result r = {.kind = kind, .slots_attended_mean = attended};
@@ -350,5 +408,6 @@ int main(void)
     test_evicting_default();
     test_plan_errors();
     test_equal_memory();
+    test_types();
     return check_summary("test_eval_plan");
 }

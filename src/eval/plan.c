@@ -450,6 +450,10 @@ static kvs_status check_type(const char *given, const char *type, kvs_error *err
     if (kvs_dtype_parse(type, &d) == 0 && (d == KVS_F32 || d == KVS_F16))
         return KVS_OK;
     /* The words and message of the other commands' --kv-type check (tools/cli_flags.c). */
+    if (strchr(type, ',')) /* "f32,kivi:kbits=4" is one item, by --kv's rule */
+        return kvs_fail(err, KVS_ERR_ARG, "--kv-type: unknown type '%s' (expected f32, f16, "
+                        "kivi4, kivi2, kivi:...; a kivi:key=value,... type takes a --kv-type "
+                        "of its own)", clip(type, c, sizeof c));
     if (!strcmp(given, type))
         return kvs_fail(err, KVS_ERR_ARG, "--kv-type: unknown type '%s' (expected f32, f16, "
                         "kivi4, kivi2, kivi:...)", clip(type, c, sizeof c));

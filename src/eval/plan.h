@@ -59,7 +59,10 @@ const kvs_eval_job *kvs_eval_plan_job(const kvs_eval_plan *plan, int group, int 
  * group's equal-memory jobs, empty at the group's start): a one-shot run adds each evicting
  * policy at slots = its mean slots attended rounded half up (label "eq:N"); where eq already
  * holds that run (an earlier one-shot run of the group at the same count), the run's params are
- * added to the job's equal_memory_of instead. Other kinds of run add nothing. */
+ * added to the job's equal_memory_of instead. Other kinds of run add nothing. The budget is a
+ * slot count, not bytes: the caller runs the jobs on the storage type of the group's results,
+ * where the same slots hold the same bytes (exactly for F32 and F16; for KIVI up to where its
+ * groups and residual window fall, well under 1% on the README protocol). */
 kvs_status kvs_eval_plan_equal_memory(const kvs_eval_plan *plan, const kvs_eval_result *run,
                                       kvs_eval_jobs *eq, kvs_error *err);
 
