@@ -127,8 +127,8 @@ static const flag_def flags[] = {
     {FL_EQUAL_MEMORY, NULL, "--equal-memory", K_NONE, NULL, CMD_EVAL, 0, 0, 0, NULL,
      "also run each evicting policy given with --kv (all evicting\n"
      "policies if none is) at slots = round(mean slots attended) of\n"
-     "every one-shot run; those rows have budget 'eq:<slots>' and\n"
-     "name the one-shot runs they match (equal_memory_of)"},
+     "every one-shot run, on its KV type; those rows have budget\n"
+     "'eq:<slots>' and name the one-shot runs they match (equal_memory_of)"},
     {FL_KV_TYPE, NULL, "--kv-type", K_WORD, "TYPE", SESSION & ~CMD_EVAL, 0, 0, 0, kv_types,
      "KV storage type: f32 or f16 (default: f16 for run and bench,\n"
      "f32 for eval and logits, which measure); kivi4 or kivi2: KIVI\n"
@@ -162,7 +162,7 @@ static const flag_def flags[] = {
      "results as CSV with a header line (rewritten as each run ends)"},
     {FL_PLOT, NULL, "--plot", K_STRING, "OUT.png", CMD_EVAL, 0, 0, 0, NULL,
      "KL and top-1 against mean KV bytes relative to a full F16\n"
-     "cache, one line per policy across budgets (needs gnuplot)"},
+     "cache, one line per policy and KV type across budgets (needs gnuplot)"},
     {FL_JSON, NULL, "--json", K_STRING, "FILE", CMD_BENCH, 0, 0, 0, NULL,
      "write the results as JSON (fields: model, threads, n_prompt,\n"
      "n_gen, prefill_tok_s, decode_tok_s, kv_bytes, peak_rss_bytes)"},

@@ -258,7 +258,7 @@ static void print_table(FILE *f, const row *rows, int n)
 }
 
 typedef struct progress_ctx {
-    char label[320];
+    char label[400];
 } progress_ctx;
 
 static void on_progress(void *ctx, int done, int total)
@@ -439,7 +439,7 @@ static int save_rows(const char *cmd, const eval_state *e, int final)
  * reported on stderr ("[equal memory]" runs say so). */
 static int run_one(const char *cmd, eval_state *e, const char *spec, row *rw)
 {
-    char tag[160], on[140] = "";
+    char tag[32], on[140] = "";
     if (spec && (e->types.n > 1 || !kvs_eval_type_is_f32(e->setup.kv_type)))
         snprintf(on, sizeof on, " --kv-type %.120s", e->setup.kv_type);
     if (rw->eq) /* not planned: derived from the group's results */
