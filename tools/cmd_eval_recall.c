@@ -185,8 +185,9 @@ static int32_t find_question(const kvs_model *m)
 
 /* ---- --kv-type list ---- */
 
-/* Splits "f32,f16,kivi:kbits=4,vbits=2" at the commas that start a new type (one beginning
- * with f or kivi and holding no '='), since kivi:... has commas of its own. */
+/* Splits "f32,f16,kivi:kbits=4,vbits=2" at the commas that start a new type: kivi:... has
+ * commas of its own, so a piece holding '=' continues the type before it unless it begins
+ * with "kivi:". */
 static int split_types(const char *v, char ***out, int *n_out)
 {
     char **t = NULL;
@@ -199,8 +200,7 @@ static int split_types(const char *v, char ***out, int *n_out)
                 break;
             const char *next = end + 1;
             size_t w = strcspn(next, ",");
-            int new_type = (next[0] == 'f' || !strncmp(next, "kivi", 4)) &&
-                           !memchr(next, '=', w);
+            int new_type = !strncmp(next, "kivi:", 5) || !memchr(next, '=', w);
             if (new_type)
                 break;
             end++;
