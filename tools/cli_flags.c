@@ -187,6 +187,9 @@ static const flag_def flags[] = {
      "the first N prompts of each set (in name order)"},
     {FL_THREADS, "-t", "--threads", K_INT, "N", CMD_EVAL_RECALL, 1, 256, 0, NULL,
      "threads (default: online CPUs, at most 8)"},
+    {FL_CHUNK, NULL, "--chunk", K_INT, "N", CMD_EVAL_RECALL, 1, 1 << 20, 0, NULL,
+     "context tokens per forward batch (default 512; evicting policies\n"
+     "evict after each batch)"},
     {FL_JSON, NULL, "--json", K_STRING, "OUT", CMD_EVAL_RECALL, 0, 0, 0, NULL,
      "one object per configuration (rewritten as each one ends)"},
     {FL_CSV, NULL, "--csv", K_STRING, "OUT", CMD_EVAL_RECALL, 0, 0, 0, NULL,

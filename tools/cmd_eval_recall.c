@@ -18,6 +18,7 @@ static const cli_command recall_cmd = {
     "usage: kvslim eval --task recall -m MODEL [--tokenizer TOK.bin] --prompts DIR\n"
     "                   [--prompts DIR ...] --kv SPEC[,SPEC...] [--budget B1,B2,...]\n"
     "                   [--kv-type T1,T2,...] [--limit N] [--json OUT] [--csv OUT] [-t N]\n"
+    "                   [--chunk N]\n"
     "\n"
     "Retrieval accuracy of KV policies on associative-recall prompts (the recall model,\n"
     "../shared/models/recall). A prompt set is a directory of NNN.tokens (token ids, one per\n"
@@ -563,7 +564,7 @@ static int check_runs(const char *cmd, recall_state *e)
         for (int i = 0; i < e->sets[s].n; i++)
             if (!min_ctx || e->sets[s].v[i].context < min_ctx)
                 min_ctx = e->sets[s].v[i].context;
-    kvs_eval_setup es = {.prompt_len = min_ctx, .n_threads = 1};
+    kvs_eval_setup es = {.prompt_len = min_ctx, .n_threads = 1, .chunk = e->setup.chunk};
     kvs_error err = {0};
     for (int t = 0; t < e->n_types; t++) {
         es.kv_type = e->types[t];
@@ -745,7 +746,8 @@ static int recall(const cli_args *a)
     }
     e.gate.cmd = cmd;
     e.setup = (kvs_recall_setup){.n_threads = rc == CLI_OK ? cli_threads(a) : 1,
-                                 .log = gated_notice, .log_ctx = &e.gate};
+                                 .chunk = cli_get_int(a, FL_CHUNK, 0), .log = gated_notice,
+                                 .log_ctx = &e.gate};
     if (rc == CLI_OK)
         rc = check_runs(cmd, &e);
     if (rc == CLI_OK) {
