@@ -224,7 +224,8 @@ static int split_types(const char *v, char ***out, int *n_out)
 
 typedef struct config_row {
     char policy[64], params[256], label[48], kv_type[128], prompts[128];
-    int n_prompts, n_answers, n_correct, budget_slots;
+    int n_prompts, n_answers, n_correct;
+    double budget; /* as in the spec: a fraction or a slot count; 0 = none */
     double margin_mean, margin_min, attended_share, slots_attended, kv_bytes_mean, slots_kept,
         context_mean, seconds;
 } config_row;
@@ -303,6 +304,11 @@ static char *to_json(const results *rs, size_t *len)
         json_str(f, c->policy);
         fputs(", \"params\": ", f);
         json_str(f, c->params);
+        fputs(", \"budget\": ", f);
+        if (c->budget > 0)
+            json_num(f, c->budget);
+        else
+            fputs("null", f);
         fputs(", \"budget_label\": ", f);
         json_str(f, c->label);
         fputs(", \"kv_type\": ", f);
@@ -622,7 +628,7 @@ static int run_config(const char *cmd, recall_state *e, const prompt_set *set, c
         cli_error(cmd, "%s", st != KVS_OK ? err.msg : "out of memory");
         return st != KVS_OK ? cli_status_exit(st) : CLI_FAIL;
     }
-    config_row c = {.n_prompts = set->n};
+    config_row c = {.n_prompts = set->n, .budget = ps.budget};
     snprintf(c.policy, sizeof c.policy, "%s", ps.type->name);
     snprintf(c.params, sizeof c.params, "%s", ps.text);
     snprintf(c.label, sizeof c.label, "%s", label);

@@ -33,7 +33,7 @@ then pass "recall runs"; else fail "recall runs: $(head -c 400 "$TMP/err")"; fi
 
 # The JSON objects are one per line; row PARAMS KV_TYPE FIELD pulls one field.
 field() {
-  grep "\"params\": \"$1\", \"budget_label\": [^,]*, \"kv_type\": \"$2\"" "$TMP/r.json" |
+  grep "\"params\": \"$1\", \"budget\": [^,]*, \"budget_label\": [^,]*, \"kv_type\": \"$2\"" "$TMP/r.json" |
     grep -o "\"$3\": [^,}]*" | sed 's/.*: //'
 }
 [ "$(field full f32 accuracy)" = 1 ] && pass "full f32: accuracy 1" \
@@ -53,7 +53,7 @@ awk -v s="$share" 'BEGIN { exit !(s > 0.08 && s < 0.12) }' && pass "streaming 0.
 [ "$(grep -c '"policy"' "$TMP/r.json")" = 4 ] && pass "four JSON rows (2 policies x 2 types)" \
   || fail "JSON rows: $(grep -c '"policy"' "$TMP/r.json")"
 missing=""
-for f in policy params kv_type prompts n_prompts accuracy margin_mean attended_share \
+for f in policy params budget budget_label kv_type prompts n_prompts accuracy margin_mean attended_share \
   slots_attended_mean kv_bytes_mean; do
   grep -q "\"$f\": " "$TMP/r.json" || missing="$missing $f"
 done
