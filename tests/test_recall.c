@@ -105,8 +105,37 @@ static void test_margin(void)
     CHECK(kvs_recall_margin(tie, 3, 1) == 0);
 }
 
+static void test_manifest(void)
+{
+    const char *tsv = "name\ttokens\tdistance\tdepth\r\n"
+                      "000\t256\t118\t0.5378\r\n"
+                      "\n"
+                      "d0.10-003\t4096\t3700\t0.1\n";
+    double depth;
+    int dist;
+    kvs_error err = {0};
+    CHECKF(kvs_recall_manifest_find(tsv, "m.tsv", "000", &depth, &dist, &err) == KVS_OK, "%s",
+           err.msg);
+    CHECK(fabs(depth - 0.5378) < 1e-12 && dist == 118);
+    CHECK(kvs_recall_manifest_find(tsv, "m.tsv", "d0.10-003", &depth, &dist, &err) == KVS_OK);
+    CHECK(fabs(depth - 0.1) < 1e-12 && dist == 3700);
+    CHECK(kvs_recall_manifest_find(tsv, "m.tsv", "001", &depth, &dist, &err) == KVS_OK);
+    CHECK(depth == -1 && dist == -1);
+
+    CHECK(kvs_recall_manifest_find("name\tdepth\n000\t0.5\n", "m.tsv", "000", &depth, &dist,
+                                   &err) == KVS_ERR_FORMAT);
+    HAS(err.msg, "m.tsv:1: no 'distance' column");
+    CHECK(kvs_recall_manifest_find("name\tdepth\tdistance\n000\t0.5\n", "m.tsv", "000", &depth,
+                                   &dist, &err) == KVS_ERR_FORMAT);
+    HAS(err.msg, "m.tsv:2: fewer fields");
+    CHECK(kvs_recall_manifest_find("name\tdepth\tdistance\n1\t0.5\t3\n000\t1.5\t3\n", "m.tsv",
+                                   "000", &depth, &dist, &err) == KVS_ERR_FORMAT);
+    HAS(err.msg, "m.tsv:3: depth '1.5'");
+}
+
 int main(void)
 {
+    test_manifest();
     test_answers_ok();
     test_answers_bad();
     test_prompt_check();

@@ -112,9 +112,10 @@ nomem:
     return -1;
 }
 
-/* Reads, parses and checks one prompt (name: NNN in dir). */
+/* Reads, parses and checks one prompt (name: NNN in dir); manifest: the text of the set's
+ * manifest.tsv, or NULL. */
 static int load_prompt(const char *cmd, const char *dir, const char *name, const kvs_model *m,
-                       int32_t q_id, kvs_recall_prompt *p)
+                       int32_t q_id, const char *manifest, kvs_recall_prompt *p)
 {
     char tpath[4096], apath[4096];
     if ((size_t)snprintf(tpath, sizeof tpath, "%s/%s.tokens", dir, name) >= sizeof tpath ||
@@ -136,6 +137,13 @@ static int load_prompt(const char *cmd, const char *dir, const char *name, const
     free(text);
     if (st == KVS_OK)
         st = kvs_recall_prompt_check(p, info.n_vocab, info.n_ctx, q_id, tpath, apath, &err);
+    p->depth = -1;
+    p->distance = -1;
+    if (st == KVS_OK && manifest) {
+        char mpath[4096];
+        snprintf(mpath, sizeof mpath, "%s/manifest.tsv", dir);
+        st = kvs_recall_manifest_find(manifest, mpath, name, &p->depth, &p->distance, &err);
+    }
     if (st != KVS_OK) {
         cli_error(cmd, "%s", err.msg);
         return -1;
@@ -162,10 +170,19 @@ static int load_set(const char *cmd, const char *dir, int limit, const kvs_model
     int rc = (s->v = calloc((size_t)n, sizeof *s->v)) ? 0 : -1;
     if (rc)
         cli_error(cmd, "out of memory");
+    /* manifest.tsv is optional: it adds each prompt's needle depth and distance to the CSV */
+    char mpath[4096];
+    char *manifest = NULL;
+    size_t mlen;
+    struct stat sb;
+    snprintf(mpath, sizeof mpath, "%s/manifest.tsv", dir);
+    if (rc == 0 && stat(mpath, &sb) == 0 && !(manifest = cli_read_file(cmd, mpath, &mlen)))
+        rc = -1;
     for (int i = 0; i < n && rc == 0; i++) {
-        rc = load_prompt(cmd, dir, names[i], m, q_id, &s->v[i]);
+        rc = load_prompt(cmd, dir, names[i], m, q_id, manifest, &s->v[i]);
         s->n = i + 1; /* freed by set_free even when half loaded */
     }
+    free(manifest);
     free_names(names, n_names);
     return rc;
 }
@@ -233,7 +250,8 @@ typedef struct config_row {
 typedef struct prompt_row {
     int config; /* index of its configuration */
     char name[128];
-    int context, n_tokens;
+    int context, n_tokens, distance;
+    double depth;
     kvs_recall_answer shown[KVS_RECALL_SHOWN];
     kvs_recall_result r;
 } prompt_row;
@@ -364,7 +382,8 @@ static char *to_csv(const results *rs, const kvs_model *m, size_t *len)
     FILE *f = open_memstream(&buf, len);
     if (!f)
         return NULL;
-    fputs("policy,params,budget_label,kv_type,prompts,prompt,context,n_tokens,n_answers,"
+    fputs("policy,params,budget_label,kv_type,prompts,prompt,context,n_tokens,depth,distance,"
+          "n_answers,"
           "n_correct,margin_mean,margin_min,expected,predicted,attended_share,"
           "slots_attended_mean,slots_kept,kv_bytes_mean,seconds\n", f);
     for (int i = 0; i < rs->np; i++) {
@@ -382,7 +401,12 @@ static char *to_csv(const results *rs, const kvs_model *m, size_t *len)
         char exp[256], got[256];
         pieces(m, want, shown, exp, sizeof exp);
         pieces(m, p->r.predicted, shown, got, sizeof got);
-        fprintf(f, "%d,%d,%d,%d,%.6f,%.6f,", p->context, p->n_tokens, p->r.n_answers,
+        fprintf(f, "%d,%d,", p->context, p->n_tokens);
+        if (p->depth >= 0)
+            fprintf(f, "%.4f,%d,", p->depth, p->distance);
+        else
+            fputs(",,", f);
+        fprintf(f, "%d,%d,%.6f,%.6f,", p->r.n_answers,
                 p->r.n_correct, p->r.n_answers ? p->r.margin_sum / p->r.n_answers : 0.0,
                 p->r.margin_min);
         csv_str(f, exp);
@@ -647,6 +671,8 @@ static int run_config(const char *cmd, recall_state *e, const prompt_set *set, c
         snprintf(pr->name, sizeof pr->name, "%s", p->name);
         pr->context = p->context;
         pr->n_tokens = p->n_tokens;
+        pr->depth = p->depth;
+        pr->distance = p->distance;
         for (int a = 0; a < p->n_answers && a < KVS_RECALL_SHOWN; a++)
             pr->shown[a] = p->answers[a];
         if ((st = kvs_recall_run(e->m, &e->setup, spec, p, &pr->r, &err)) != KVS_OK) {

@@ -141,6 +141,72 @@ double kvs_recall_margin(const float *logits, int n, int32_t id)
     return (double)logits[id] - best_other;
 }
 
+/* Field col (0-based) of the tab-separated line [p, end) into buf; 0 if missing or too long. */
+static int tsv_field(const char *p, const char *end, int col, char *buf, size_t size)
+{
+    for (int c = 0; c < col; c++) {
+        const char *tab = memchr(p, '\t', (size_t)(end - p));
+        if (!tab)
+            return 0;
+        p = tab + 1;
+    }
+    const char *tab = memchr(p, '\t', (size_t)(end - p));
+    const char *fe = tab ? tab : end;
+    while (fe > p && fe[-1] == '\r')
+        fe--;
+    if ((size_t)(fe - p) >= size)
+        return 0;
+    memcpy(buf, p, (size_t)(fe - p));
+    buf[fe - p] = 0;
+    return 1;
+}
+
+kvs_status kvs_recall_manifest_find(const char *text, const char *path, const char *name,
+                                    double *depth, int *distance, kvs_error *err)
+{
+    *depth = -1;
+    *distance = -1;
+    static const char *const want[3] = {"name", "depth", "distance"};
+    int col[3] = {-1, -1, -1};
+    const char *eol = strchr(text, '\n');
+    const char *end = eol ? eol : text + strlen(text);
+    char f[128];
+    for (int c = 0; tsv_field(text, end, c, f, sizeof f); c++)
+        for (int k = 0; k < 3; k++)
+            if (col[k] < 0 && !strcmp(f, want[k]))
+                col[k] = c;
+    for (int k = 0; k < 3; k++)
+        if (col[k] < 0)
+            return kvs_fail(err, KVS_ERR_FORMAT, "%s:1: no '%s' column in the header", path,
+                            want[k]);
+    int line = 1;
+    for (const char *p = eol ? eol + 1 : end; *p;) {
+        line++;
+        eol = strchr(p, '\n');
+        end = eol ? eol : p + strlen(p);
+        const char *row = p;
+        p = eol ? eol + 1 : end;
+        if (end == row || (end - row == 1 && *row == '\r'))
+            continue;
+        char d[64], n[64];
+        int64_t dist;
+        if (!tsv_field(row, end, col[0], f, sizeof f) || !tsv_field(row, end, col[1], d, sizeof d) ||
+            !tsv_field(row, end, col[2], n, sizeof n))
+            return kvs_fail(err, KVS_ERR_FORMAT, "%s:%d: fewer fields than the header names",
+                            path, line);
+        if (strcmp(f, name))
+            continue;
+        if (kvs_parse_f64(d, 0, 1, depth) != 0 || kvs_parse_i64(n, 0, INT32_MAX, &dist) != 0) {
+            *depth = -1;
+            return kvs_fail(err, KVS_ERR_FORMAT, "%s:%d: depth '%s' (0 to 1) or distance '%s' "
+                            "(a whole number) is not a number", path, line, d, n);
+        }
+        *distance = (int)dist;
+        return KVS_OK;
+    }
+    return KVS_OK;
+}
+
 static double now(void)
 {
     struct timespec ts;

@@ -35,6 +35,8 @@ typedef struct kvs_recall_prompt {
     int context;              /* tokens before the first Q (set by kvs_recall_prompt_check) */
     kvs_recall_answer *answers; /* owned, in file order */
     int n_answers;
+    double depth;             /* from the set's manifest.tsv, -1 if unknown */
+    int distance;             /* the same */
 } kvs_recall_prompt;
 
 void kvs_recall_prompt_free(kvs_recall_prompt *p);
@@ -53,6 +55,14 @@ kvs_status kvs_recall_parse_answers(const char *text, const char *path, kvs_reca
 kvs_status kvs_recall_prompt_check(kvs_recall_prompt *p, int n_vocab, int n_ctx, int32_t q_id,
                                    const char *tokens_path, const char *answer_path,
                                    kvs_error *err);
+
+/* Looks up prompt name in the text of a prompt set's manifest.tsv (tab-separated; the first line
+ * names the columns, among them name, depth and distance): *depth and *distance get the first
+ * row of that name, or -1 when there is none. KVS_ERR_FORMAT (naming path and line) when the
+ * header lacks one of the three columns, a row has fewer fields than the header, or a depth
+ * or distance is not a number. */
+kvs_status kvs_recall_manifest_find(const char *text, const char *path, const char *name,
+                                    double *depth, int *distance, kvs_error *err);
 
 /* How runs are made. */
 typedef struct kvs_recall_setup {

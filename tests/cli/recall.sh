@@ -64,7 +64,7 @@ done
 [ "$(wc -l <"$TMP/r.csv")" = 21 ] && pass "CSV: 20 prompt rows" || fail "CSV lines $(wc -l <"$TMP/r.csv")"
 head -n 1 "$TMP/r.csv" | grep -q '^policy,params,budget_label,kv_type,prompts,prompt,' \
   && pass "CSV header" || fail "CSV header: $(head -n 1 "$TMP/r.csv")"
-grep -q '^"full","full","-","f32","recall-256","000",254,256,1,1,23.99.*,"V116","V116",' "$TMP/r.csv" \
+grep -q '^"full","full","-","f32","recall-256","000",254,256,0.5378,118,1,1,23.99.*,"V116","V116",' "$TMP/r.csv" \
   && pass "CSV row of prompt 000" || fail "CSV row 000: $(sed -n 2p "$TMP/r.csv")"
 grep -q '^| recall-256 | full | - | f32 | 5 | 100.0% | 24.00 | 1.0000 |' "$TMP/table" \
   && pass "table row" || fail "table: $(cat "$TMP/table")"
@@ -100,6 +100,12 @@ expect_exit 1 "missing .answer" "$TMP/no_answer/000.answer" \
   "${RECALL[@]}" --prompts "$TMP/no_answer" --kv full
 expect_exit 1 "missing directory" "--prompts $TMP/nowhere: No such file" \
   "${RECALL[@]}" --prompts "$TMP/nowhere" --kv full
+
+mkdir -p "$TMP/bad_manifest"
+cp "$P/recall-256/000.tokens" "$P/recall-256/000.answer" "$TMP/bad_manifest/"
+printf 'name\tdepth\tdistance\n000\thalf\t3\n' >"$TMP/bad_manifest/manifest.tsv"
+expect_exit 1 "malformed manifest" "$TMP/bad_manifest/manifest.tsv:2: depth 'half'" \
+  "${RECALL[@]}" --prompts "$TMP/bad_manifest" --kv full
 
 # Bad usage: exit 2.
 expect_exit 2 "no --prompts" "needs -m MODEL, at least one --prompts DIR" \
