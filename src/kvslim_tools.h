@@ -14,7 +14,8 @@
  *   policies/registry.h  the policy registry and the --kv parser (eval lists policies)
  *   eval/eval.h          the fidelity harness (eval)
  *   eval/layer_similarity.h  adjacent-layer K/V similarity (layersim)
- *   eval/plan.h          eval's runs: specs x budgets, labels, equal-memory runs */
+ *   eval/plan.h          eval's runs: specs x budgets, labels, equal-memory runs
+ *   eval/recall.h        eval --task recall: answer files, one prompt's run */
 #ifndef KVSLIM_TOOLS_H
 #define KVSLIM_TOOLS_H
 
@@ -28,6 +29,7 @@
 #include "eval/eval.h"
 #include "eval/layer_similarity.h"
 #include "eval/plan.h"
+#include "eval/recall.h"
 #include "kv/kv.h"
 #include "kv/policy.h"
 #include "policies/registry.h"

@@ -35,7 +35,8 @@ typedef struct flag_def {
     const char *help;         /* may hold newlines; continuation lines are indented */
 } flag_def;
 
-#define ALL (CMD_RUN | CMD_LOGITS | CMD_TOKENIZE | CMD_CONVERT | CMD_BENCH | CMD_EVAL | CMD_LAYERSIM)
+#define ALL (CMD_RUN | CMD_LOGITS | CMD_TOKENIZE | CMD_CONVERT | CMD_BENCH | CMD_EVAL | CMD_LAYERSIM | \
+             CMD_EVAL_RECALL)
 #define SESSION (CMD_RUN | CMD_LOGITS | CMD_BENCH | CMD_EVAL | CMD_LAYERSIM)
 
 /* A word ending in "..." accepts any value with the part before it as prefix (the value's
@@ -48,6 +49,7 @@ static int word_prefix_match(const char *word, const char *v)
 
 static const char *const kv_types[] = {"f32", "f16", "kivi4", "kivi2", "kivi:...", NULL};
 static const char *const weight_types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", NULL};
+static const char *const eval_tasks[] = {"fidelity", "recall", NULL};
 
 /* Rows appear in each command's --help in this order. */
 static const flag_def flags[] = {
@@ -166,6 +168,39 @@ static const flag_def flags[] = {
     {FL_JSON, NULL, "--json", K_STRING, "FILE", CMD_BENCH, 0, 0, 0, NULL,
      "write the results as JSON (fields: model, threads, n_prompt,\n"
      "n_gen, prefill_tok_s, decode_tok_s, kv_bytes, peak_rss_bytes)"},
+    /* eval --task recall (its own command bit: a separate set of flags and its own --help) */
+    {FL_TASK, NULL, "--task", K_WORD, "TASK", CMD_EVAL | CMD_EVAL_RECALL, 0, 0, 0, eval_tasks,
+     "fidelity (default) or recall: retrieval accuracy on the recall\n"
+     "model's prompts (see kvslim eval --task recall --help)"},
+    {FL_MODEL, "-m", "--model", K_STRING, "MODEL", CMD_EVAL_RECALL, 0, 0, 0, NULL,
+     "GGUF model, or a llama2.c checkpoint with --tokenizer"},
+    {FL_TOKENIZER, NULL, "--tokenizer", K_STRING, "TOK.bin", CMD_EVAL_RECALL, 0, 0, 0, NULL,
+     "the llama2.c checkpoint's tokenizer (its pieces name the\n"
+     "question token Q and print the predictions)"},
+    {FL_PROMPTS, NULL, "--prompts", K_STRING, "DIR", CMD_EVAL_RECALL, 0, 0, 1, NULL,
+     "a prompt set: NNN.tokens with NNN.answer ('POS ID' lines);\n"
+     "repeat for more sets"},
+    {FL_KV, NULL, "--kv", K_STRING, "SPEC", CMD_EVAL_RECALL, 0, 0, 1, NULL,
+     "a policy NAME[:key=value,...]; repeat for more; '--kv a,b,c' lists\n"
+     "bare names; '--kv help' lists the policies and their parameters"},
+    {FL_BUDGET, NULL, "--budget", K_LIST, "B1,B2,...", CMD_EVAL_RECALL, 0, 0, 0, NULL,
+     "run every non-full policy at each budget: a fraction of the\n"
+     "context (0.1 or 10%) or a slot count (slots=96)"},
+    {FL_KV_TYPE, NULL, "--kv-type", K_STRING, "T1,T2,...", CMD_EVAL_RECALL, 0, 0, 0, NULL,
+     "KV storage types to run, comma-separated: f32 (default), f16,\n"
+     "kivi4, kivi2, kivi:kbits=B,vbits=B,group=G,residual=R"},
+    {FL_LIMIT, NULL, "--limit", K_INT, "N", CMD_EVAL_RECALL, 1, 1 << 24, 0, NULL,
+     "the first N prompts of each set (in name order)"},
+    {FL_THREADS, "-t", "--threads", K_INT, "N", CMD_EVAL_RECALL, 1, 256, 0, NULL,
+     "threads (default: online CPUs, at most 8)"},
+    {FL_CHUNK, NULL, "--chunk", K_INT, "N", CMD_EVAL_RECALL, 1, 1 << 20, 0, NULL,
+     "context tokens per forward batch (default 512; evicting policies\n"
+     "evict after each batch)"},
+    {FL_JSON, NULL, "--json", K_STRING, "OUT", CMD_EVAL_RECALL, 0, 0, 0, NULL,
+     "one object per configuration (rewritten as each one ends)"},
+    {FL_CSV, NULL, "--csv", K_STRING, "OUT", CMD_EVAL_RECALL, 0, 0, 0, NULL,
+     "one row per configuration and prompt (rewritten as each\n"
+     "configuration ends)"},
     {FL_VERSION, NULL, "--version", K_NONE, NULL, ALL, 0, 0, 0, NULL, "print the version"},
     {FL_HELP, "-h", "--help", K_NONE, NULL, ALL, 0, 0, 0, NULL, "this help"},
 };

@@ -19,6 +19,7 @@ enum {
     CMD_BENCH = 1 << 4,
     CMD_EVAL = 1 << 5,
     CMD_LAYERSIM = 1 << 6,
+    CMD_EVAL_RECALL = 1 << 7, /* eval --task recall (tools/cmd_eval_recall.c) */
 };
 
 /* What a flag means; a command reads its values by these. Two table rows may share an id when
@@ -58,6 +59,9 @@ typedef enum cli_flag_id {
     FL_BUDGET,
     FL_EQUAL_MEMORY,
     FL_DUPLICATE_LAYERS,
+    FL_TASK,
+    FL_PROMPTS,
+    FL_LIMIT,
     FL_COUNT
 } cli_flag_id;
 

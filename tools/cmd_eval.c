@@ -622,4 +622,11 @@ static int eval(const cli_args *a)
     return rc;
 }
 
-int cmd_eval(int argc, char **argv) { return cli_main(&eval_cmd, eval, argc, argv); }
+/* --task recall runs cmd_eval_recall.c's command; it returns -1 for any other task. */
+int cmd_eval_task(int argc, char **argv);
+
+int cmd_eval(int argc, char **argv)
+{
+    int rc = cmd_eval_task(argc, argv);
+    return rc >= 0 ? rc : cli_main(&eval_cmd, eval, argc, argv);
+}
