@@ -40,6 +40,12 @@ static void fill(float *x, int n, int hd)
                 x[((size_t)i * NKV + h) * hd + d] = (float)(d % 5) - 2.0f + (1.0f + d % 3) * frand();
 }
 
+/* Tokens of key group g of a view. */
+static int gsize(const kvs_kivi_view *v, int g)
+{
+    return (g + 1 < v->ng ? v->g_first[g + 1] : v->nqk) - v->g_first[g];
+}
+
 static float f16r(float x) { return kvs_fp16_to_fp32(kvs_fp32_to_fp16(x)); }
 
 static kvs_store *new_kivi(int hd, int kb, int vb, int G, int R)
@@ -75,13 +81,13 @@ static int check_round_trip(const kvs_store *s, int h, const float *ok, const fl
     const int n = kvs_store_count(s, 0, h);
     int bad = 0;
     float out[hd];
-    for (int g = 0, first = 0; g < v.ng; first += v.g_n[g++])
-        for (int i = first; i < first + v.g_n[g]; i++) {
+    for (int g = 0, first = 0; g < v.ng; first += gsize(&v, g), g++)
+        for (int i = first; i < first + gsize(&v, g); i++) {
             kvs_store_key_f32(s, 0, h, i, out);
             for (int d = 0; d < hd; d++) {
                 /* The group as quantised may have held evicted tokens too: bound by the live
                  * ones' range only when nothing was evicted (callers check equality after). */
-                float b = group_bound(ok + (size_t)first * hd + d, v.g_n[g], hd, kb);
+                float b = group_bound(ok + (size_t)first * hd + d, gsize(&v, g), hd, kb);
                 bad += !(fabsf(out[d] - ok[(size_t)i * hd + d]) <= b);
             }
         }
@@ -187,6 +193,30 @@ static void residual_flushes_at_r(void)
     kvs_store_free(s);
 }
 
+/* The live bytes of a head recomputed from its view: §3.2 plus 4 bytes per key group and the
+ * 4-byte positions. */
+static double view_bytes(const kvs_store *s, int h, int hd)
+{
+    kvs_kivi_view v;
+    kvs_store_kivi_view(s, 0, h, &v);
+    const double c = kvs_store_count(s, 0, h);
+    return (double)v.nqk * v.kcode_bytes + v.ng * (4.0 * hd + 4) + (c - v.nqk) * hd * 2 +
+           (double)v.nqv * v.vrow_bytes + (c - v.nqv) * hd * 2 + 4 * c;
+}
+
+/* What the store allocates follows what it holds (growth slack at most doubles it, plus small
+ * arrays' minimum), and is far below what the same tokens take as F16 rows. */
+static void check_alloc(const kvs_store *s, int hd, int n)
+{
+    const size_t live = kvs_store_bytes(s), alloc = kvs_store_alloc_bytes(s);
+    const size_t f16 = (size_t)NKV * n * (2 * (size_t)hd * 2 + 4);
+    CHECKF(alloc >= live && alloc <= 2 * live + NKV * 7 * 320 + NKV * 64 * 3,
+           "hd %d: %zu bytes held, %zu allocated", hd, live, alloc);
+    if (n >= 384)
+        CHECKF(alloc < f16, "hd %d: %zu bytes allocated for %d tokens, as F16 rows %zu", hd,
+               alloc, n, f16);
+}
+
 /* Eviction from quantised groups: the survivors keep exactly their dequantised values (the
  * group keeps its scale and min), hence stay within the quantisation error of the originals. */
 static void eviction_from_groups(int hd)
@@ -206,6 +236,7 @@ static void eviction_from_groups(int hd)
         kvs_store_key_f32(s, 0, 0, i, before + (size_t)i * 2 * hd);
         kvs_store_value_f32(s, 0, 0, i, before + (size_t)i * 2 * hd + hd);
     }
+    const size_t bytes_before = kvs_store_bytes(s);
     /* Keep every third slot but all of slots 32..63 (group 1 untouched), none of 64..95 (group
      * 2 emptied), then remove one more quantised key. */
     int keep[N], n = 0;
@@ -225,7 +256,7 @@ static void eviction_from_groups(int hd)
         nqv += keep[i] < N - R;
     }
     for (int g = 0; g < view.ng; g++)
-        sum += view.g_n[g] > 0 ? view.g_n[g] : -100000;
+        sum += gsize(&view, g) > 0 ? gsize(&view, g) : -100000;
     CHECKF(view.nqk == nqk && view.nqv == nqv && sum == nqk && view.ng == 7,
            "after eviction: nqk %d (want %d), nqv %d (want %d), %d groups summing to %d",
            view.nqk, nqk, view.nqv, nqv, view.ng, sum);
@@ -239,6 +270,13 @@ static void eviction_from_groups(int hd)
         changed += kvs_store_pos(s, 0, 0)[i] != keep[i];
     }
     CHECKF(changed == 0, "hd %d: %d surviving rows changed by the eviction", hd, changed);
+    /* The bytes follow the survivors exactly: codes of the live tokens only (the groups were
+     * repacked), the dropped group's scale and min gone. */
+    CHECKF((double)kvs_store_bytes(s) == view_bytes(s, 0, hd) + view_bytes(s, 1, hd) &&
+           kvs_store_bytes(s) < bytes_before,
+           "hd %d after eviction: %zu bytes, view says %.0f, before %zu", hd,
+           kvs_store_bytes(s), view_bytes(s, 0, hd) + view_bytes(s, 1, hd), bytes_before);
+    check_alloc(s, hd, 0);
     /* Appending after eviction keeps flushing by the rules. */
     for (int32_t p = N; p < N + R; p++) {
         float kk[NKV * hd], vv[NKV * hd];
@@ -273,9 +311,25 @@ static void bytes_exact(int hd, int kb, int vb)
     const double nqk = N - N % R, nqv = N - R, gv = hd < G ? 1 : hd / G;
     const double key = nqk * hd * kb / 8 + (nqk / G * hd) * 2 * 2 + (N - nqk) * hd * 2;
     const double val = nqv * hd * vb / 8 + (nqv * gv) * 2 * 2 + (N - nqv) * hd * 2;
-    const double want = NKV * (key + val + 4.0 * N);
+    /* plus the first slot of each key group (4 bytes, what locates a group after eviction) */
+    const double want = NKV * (key + val + 4.0 * N + 4.0 * (nqk / G));
     CHECKF((double)kvs_store_bytes(s) == want, "hd %d k%d v%d: %zu bytes, formula %.0f", hd, kb,
            vb, kvs_store_bytes(s), want);
+    check_alloc(s, hd, N);
+    /* Token by token to the same N: the same bytes, and the allocation still follows. */
+    kvs_store *t = new_kivi(hd, kb, vb, G, R);
+    for (int i = 0; i < N; i++) {
+        float kk[NKV * hd], vv[NKV * hd];
+        for (int h = 0; h < NKV; h++) {
+            memcpy(kk + h * hd, k + ((size_t)i * NKV + h) * hd, sizeof(float) * hd);
+            memcpy(vv + h * hd, v + ((size_t)i * NKV + h) * hd, sizeof(float) * hd);
+        }
+        CHECK(app(t, 1, kk, vv, pos + i, &err) == KVS_OK);
+    }
+    CHECKF((double)kvs_store_bytes(t) == want, "hd %d k%d v%d token by token: %zu bytes, "
+           "formula %.0f", hd, kb, vb, kvs_store_bytes(t), want);
+    check_alloc(t, hd, N);
+    kvs_store_free(t);
     kvs_store_free(s);
     free(k);
     free(v);

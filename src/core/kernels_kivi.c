@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/kernels.h"
+#include "core/kernels_kivi.h"
 #include "kernels_internal.h"
 
 #if KVS_AVX2 || KVS_AVX512
@@ -57,6 +58,57 @@ static inline __attribute__((always_inline)) void axpy_body(float *y, const uint
         _mm256_storeu_ps(y + d, _mm256_add_ps(_mm256_loadu_ps(y + d),
                                               _mm256_fmadd_ps(vs, codes8(row + d * bits / 8, bits), vm)));
     *dp = d;
+}
+
+/* 32 codes of 2, 4 or 8 bits starting at a byte boundary, in order, as four vectors of 8. */
+static inline __attribute__((always_inline)) void codes32(const uint8_t *p, int bits, __m256 out[4])
+{
+    __m128i lo, hi; /* codes 0..15 and 16..31 as bytes */
+    if (bits == 8) {
+        lo = _mm_loadu_si128((const __m128i *)(const void *)p);
+        hi = _mm_loadu_si128((const __m128i *)(const void *)(p + 16));
+    } else if (bits == 4) {
+        const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)p), m = _mm_set1_epi8(0x0F);
+        const __m128i ev = _mm_and_si128(b, m), od = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+        lo = _mm_unpacklo_epi8(ev, od);
+        hi = _mm_unpackhi_epi8(ev, od);
+    } else { /* 2 */
+        uint64_t raw;
+        memcpy(&raw, p, 8);
+        const __m128i b = _mm_cvtsi64_si128((long long)raw), m = _mm_set1_epi8(3);
+        const __m128i c0 = _mm_and_si128(b, m), c1 = _mm_and_si128(_mm_srli_epi16(b, 2), m),
+                      c2 = _mm_and_si128(_mm_srli_epi16(b, 4), m),
+                      c3 = _mm_and_si128(_mm_srli_epi16(b, 6), m);
+        const __m128i x01 = _mm_unpacklo_epi8(c0, c1), x23 = _mm_unpacklo_epi8(c2, c3);
+        lo = _mm_unpacklo_epi16(x01, x23);
+        hi = _mm_unpackhi_epi16(x01, x23);
+    }
+    out[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+    out[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    out[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+/* A full group of 32 tokens: per channel, the broadcast weight times the 32 tokens' codes. */
+static inline __attribute__((always_inline)) void key_scores32(const uint8_t *codes, int hd,
+                                                                int bits, const float *qs,
+                                                                float bias, float *out)
+{
+    __m256 a0 = _mm256_set1_ps(bias), a1 = a0, a2 = a0, a3 = a0;
+    const size_t step = (size_t)32 * bits / 8;
+    for (int c = 0; c < hd; c++) {
+        __m256 x[4];
+        codes32(codes + (size_t)c * step, bits, x);
+        const __m256 w = _mm256_broadcast_ss(qs + c);
+        a0 = _mm256_fmadd_ps(w, x[0], a0);
+        a1 = _mm256_fmadd_ps(w, x[1], a1);
+        a2 = _mm256_fmadd_ps(w, x[2], a2);
+        a3 = _mm256_fmadd_ps(w, x[3], a3);
+    }
+    _mm256_storeu_ps(out, a0);
+    _mm256_storeu_ps(out + 8, a1);
+    _mm256_storeu_ps(out + 16, a2);
+    _mm256_storeu_ps(out + 24, a3);
 }
 
 static float hsum8(__m256 v)
@@ -203,4 +255,112 @@ void kvs_axpy_kivi_value(float *y, float a, const uint8_t *row, int n, int bits,
         for (; d < c0 + len; d++)
             y[d] += as * (float)kvs_kivi_get(row, bits, d) + am;
     }
+}
+
+float kvs_kivi_key_prep(const float *q, const uint16_t *sm, int hd, float *qs)
+{
+    float sc[hd], mn[hd];
+    kvs_dequantize_row(KVS_F16, sm, sc, hd);
+    kvs_dequantize_row(KVS_F16, sm + hd, mn, hd);
+    float bias = 0.0f;
+    for (int c = 0; c < hd; c++) {
+        qs[c] = q[c] * sc[c];
+        bias += q[c] * mn[c];
+    }
+    return bias;
+}
+
+void kvs_kivi_key_scores_ref(const uint8_t *codes, int n, int hd, int bits, const float *qs,
+                             float bias, float *out)
+{
+    for (int j = 0; j < n; j++) {
+        float acc = bias;
+        for (int c = 0; c < hd; c++)
+            acc += qs[c] * (float)kvs_kivi_get(codes, bits, c * n + j);
+        out[j] = acc;
+    }
+}
+
+void kvs_kivi_key_scores(const uint8_t *codes, int n, int hd, int bits, const float *qs,
+                         float bias, float *out)
+{
+#if KIVI_SIMD
+    if (n == 32) {
+        if (bits == 4)
+            key_scores32(codes, hd, 4, qs, bias, out);
+        else if (bits == 2)
+            key_scores32(codes, hd, 2, qs, bias, out);
+        else if (bits == 8)
+            key_scores32(codes, hd, 8, qs, bias, out);
+        else
+            kvs_kivi_key_scores_ref(codes, n, hd, bits, qs, bias, out);
+        return;
+    }
+#endif
+    /* A group shrunk by eviction (or another G): channel by channel, so that the codes are
+     * still read in order. */
+    for (int j = 0; j < n; j++)
+        out[j] = bias;
+    for (int c = 0; c < hd; c++) {
+        const float w = qs[c];
+        for (int j = 0; j < n; j++)
+            out[j] += w * (float)kvs_kivi_get(codes, bits, c * n + j);
+    }
+}
+
+void kvs_kivi_value_acc_ref(float *y, float *msum, const uint8_t *row, float p, int hd,
+                            int bits, int group)
+{
+    const int g = group < hd ? group : hd;
+    const size_t code_bytes = ((size_t)hd * bits + 7) / 8;
+    for (int k = 0, c0 = 0; c0 < hd; k++, c0 += g) {
+        const int len = hd - c0 < g ? hd - c0 : g;
+        float sc, mn;
+        row_sm(row, code_bytes, k, &sc, &mn);
+        msum[k] += p * mn;
+        for (int d = c0; d < c0 + len; d++)
+            y[d] += p * sc * (float)kvs_kivi_get(row, bits, d);
+    }
+}
+
+void kvs_kivi_value_acc(float *y, float *msum, const uint8_t *row, float p, int hd, int bits,
+                        int group)
+{
+    const int g = group < hd ? group : hd;
+    const size_t code_bytes = ((size_t)hd * bits + 7) / 8;
+    for (int k = 0, c0 = 0; c0 < hd; k++, c0 += g) {
+        const int len = hd - c0 < g ? hd - c0 : g;
+        float sc, mn;
+        row_sm(row, code_bytes, k, &sc, &mn);
+        msum[k] += p * mn;
+        const float as = p * sc;
+        int d = c0;
+#if KIVI_SIMD
+        if ((c0 * bits) % 8 == 0 && (bits == 2 || bits == 4 || bits == 8)) {
+            const __m256 va = _mm256_set1_ps(as);
+            for (; d + 32 <= c0 + len; d += 32) {
+                __m256 x[4];
+                codes32(row + (size_t)d * bits / 8, bits, x);
+                for (int i = 0; i < 4; i++)
+                    _mm256_storeu_ps(y + d + 8 * i,
+                                     _mm256_fmadd_ps(va, x[i], _mm256_loadu_ps(y + d + 8 * i)));
+            }
+            for (; d + 8 <= c0 + len; d += 8) {
+                const __m256 x = bits == 4   ? codes8(row + (size_t)d * 4 / 8, 4)
+                                 : bits == 2 ? codes8(row + (size_t)d * 2 / 8, 2)
+                                             : codes8(row + d, 8);
+                _mm256_storeu_ps(y + d, _mm256_fmadd_ps(va, x, _mm256_loadu_ps(y + d)));
+            }
+        }
+#endif
+        for (; d < c0 + len; d++)
+            y[d] += as * (float)kvs_kivi_get(row, bits, d);
+    }
+}
+
+void kvs_kivi_value_finish(float *y, const float *msum, int hd, int group)
+{
+    const int g = group < hd ? group : hd;
+    for (int d = 0; d < hd; d++)
+        y[d] += msum[d / g];
 }
