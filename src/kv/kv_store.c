@@ -402,15 +402,18 @@ static void kivi_flush(const kvs_store *s, store_head *h)
         kb_drop_front(&k->vr, f16_row(s));
         k->nqv++;
     }
-    /* A prompt batch passed through the residuals: give back what they no longer hold. */
-    kb_shrink(&k->kr);
-    kb_shrink(&k->vr);
 }
 
 void kvs_store_kivi_flush(kvs_store *s, int layer)
 {
-    for (int h = 0; s->kivi.k_bits && h < s->cfg.n_kv_heads; h++)
+    for (int h = 0; s->kivi.k_bits && h < s->cfg.n_kv_heads; h++) {
+        kivi_head *k = &head_at(s, layer, h)->kq;
         kivi_flush(s, head_at(s, layer, h));
+        /* A prompt batch passed through the residuals: give back what they no longer hold.
+         * (Not in the flush an append runs first: that would undo the append's reserve.) */
+        kb_shrink(&k->kr);
+        kb_shrink(&k->vr);
+    }
 }
 
 /* The old slot of kept slot i: slots[i], or with no list every slot but `skip`. */
