@@ -7,6 +7,7 @@
 
 #include "check.h"
 #include "core/kernels.h"
+#include "core/kernels_kivi.h"
 #include "kv/attention.h"
 #include "kv/kivi.h"
 #include "kv/kv_store.h"
@@ -506,6 +507,78 @@ static void kernels_match_reference(void)
     }
 }
 
+/* The group-wise key scores and the folded value sums against their scalar references, for
+ * full groups (the vector paths) and groups shrunk by eviction, every bit width, head_dim 8
+ * (a value group is the whole head) and 64 / 128. */
+static void group_kernels_match_reference(void)
+{
+    for (int hd = 8; hd <= 128; hd *= 2) {
+        if (hd == 16 || hd == 32)
+            continue;
+        for (int bits = 1; bits <= 8; bits *= 2) {
+            const int ns[] = {32, 31, 5, 1, 16};
+            for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+                const int n = ns[ni];
+                uint8_t codes[128 * 32];
+                float qs[128], out[32], ref[32];
+                memset(codes, 0, sizeof codes);
+                for (int c = 0; c < hd; c++) {
+                    qs[c] = frand();
+                    for (int j = 0; j < n; j++)
+                        kvs_kivi_set(codes, bits, c * n + j, (int)((rng >> 7) % (1u << bits)) ^ j % 2);
+                    (void)frand();
+                }
+                kvs_kivi_key_scores(codes, n, hd, bits, qs, 0.25f, out);
+                kvs_kivi_key_scores_ref(codes, n, hd, bits, qs, 0.25f, ref);
+                float worst = 0;
+                for (int j = 0; j < n; j++)
+                    worst = fmaxf(worst, fabsf(out[j] - ref[j]));
+                CHECKF(worst < 1e-5f * hd * (1 << bits), "key scores hd %d bits %d n %d: %g", hd,
+                       bits, n, worst);
+            }
+            /* values: 37 rows, groups of 32 channels (of the whole head when hd < 32) */
+            const int G = 32, N = 37;
+            const size_t rb = kvs_kivi_value_row_bytes(hd, bits, G);
+            uint8_t rows[37 * 160];
+            float x[128], p[37], y[128], yref[128], yacc[128], m[8], mref[8], macc[8];
+            for (int t = 0; t < N; t++) {
+                for (int d = 0; d < hd; d++)
+                    x[d] = frand() * (1 + d % 3);
+                kvs_kivi_quantize_value_row(x, hd, bits, G, rows + (size_t)t * rb);
+                p[t] = (frand() + 1.0f) / N;
+            }
+            for (int d = 0; d < hd; d++)
+                y[d] = yref[d] = yacc[d] = (float)d / 7;
+            memset(m, 0, sizeof m);
+            memset(mref, 0, sizeof mref);
+            memset(macc, 0, sizeof macc);
+            kvs_kivi_value_rows(y, m, rows, rb, p, N, hd, bits, G);
+            kvs_kivi_value_rows_ref(yref, mref, rows, rb, p, N, hd, bits, G);
+            for (int t = 0; t < N; t++)
+                kvs_kivi_value_acc(yacc, macc, rows + (size_t)t * rb, p[t], hd, bits, G);
+            kvs_kivi_value_finish(y, m, hd, G);
+            kvs_kivi_value_finish(yref, mref, hd, G);
+            kvs_kivi_value_finish(yacc, macc, hd, G);
+            /* and the plain definition: sum_t p_t * dequant(row_t) */
+            float worst = 0, deq[128];
+            double def[128];
+            for (int d = 0; d < hd; d++)
+                def[d] = (double)d / 7;
+            for (int t = 0; t < N; t++) {
+                kvs_kivi_dequantize_value_row(rows + (size_t)t * rb, hd, bits, G, deq);
+                for (int d = 0; d < hd; d++)
+                    def[d] += (double)p[t] * deq[d];
+            }
+            for (int d = 0; d < hd; d++) {
+                worst = fmaxf(worst, fabsf(y[d] - yref[d]));
+                worst = fmaxf(worst, fabsf(yacc[d] - yref[d]));
+                worst = fmaxf(worst, fabsf(yref[d] - (float)def[d]));
+            }
+            CHECKF(worst < 2e-5f * (1 << bits), "values hd %d bits %d: %g", hd, bits, worst);
+        }
+    }
+}
+
 static void parse_errors(void)
 {
     kvs_kivi_cfg c;
@@ -553,6 +626,7 @@ static void shift_refused(void)
 int main(void)
 {
     kernels_match_reference();
+    group_kernels_match_reference();
     parse_errors();
     for (int hd = 8; hd <= 64; hd *= 8)
         for (int b = 2; b <= 4; b += 2) {

@@ -111,6 +111,34 @@ static inline __attribute__((always_inline)) void key_scores32(const uint8_t *co
     _mm256_storeu_ps(out + 24, a3);
 }
 
+/* 32 channels [c0, c0 + 32) of n value rows, with y's 32 floats held in registers across the
+ * rows: y += sum_t (p[t] * scale_t) * codes_t. For a constant bits. */
+static inline __attribute__((always_inline)) void values32(float *y, const uint8_t *rows,
+                                                            size_t row_bytes, size_t sm_at,
+                                                            const float *p, int n, int c0,
+                                                            int bits)
+{
+    __m256 a0 = _mm256_loadu_ps(y + c0), a1 = _mm256_loadu_ps(y + c0 + 8),
+           a2 = _mm256_loadu_ps(y + c0 + 16), a3 = _mm256_loadu_ps(y + c0 + 24);
+    const size_t at = (size_t)c0 * bits / 8;
+    for (int t = 0; t < n; t++) {
+        const uint8_t *row = rows + (size_t)t * row_bytes;
+        uint16_t sc;
+        memcpy(&sc, row + sm_at, 2);
+        const __m256 w = _mm256_set1_ps(p[t] * _cvtsh_ss(sc));
+        __m256 x[4];
+        codes32(row + at, bits, x);
+        a0 = _mm256_fmadd_ps(w, x[0], a0);
+        a1 = _mm256_fmadd_ps(w, x[1], a1);
+        a2 = _mm256_fmadd_ps(w, x[2], a2);
+        a3 = _mm256_fmadd_ps(w, x[3], a3);
+    }
+    _mm256_storeu_ps(y + c0, a0);
+    _mm256_storeu_ps(y + c0 + 8, a1);
+    _mm256_storeu_ps(y + c0 + 16, a2);
+    _mm256_storeu_ps(y + c0 + 24, a3);
+}
+
 static float hsum8(__m256 v)
 {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -363,4 +391,45 @@ void kvs_kivi_value_finish(float *y, const float *msum, int hd, int group)
     const int g = group < hd ? group : hd;
     for (int d = 0; d < hd; d++)
         y[d] += msum[d / g];
+}
+
+void kvs_kivi_value_rows_ref(float *y, float *msum, const uint8_t *rows, size_t row_bytes,
+                             const float *p, int n, int hd, int bits, int group)
+{
+    for (int t = 0; t < n; t++)
+        kvs_kivi_value_acc_ref(y, msum, rows + (size_t)t * row_bytes, p[t], hd, bits, group);
+}
+
+void kvs_kivi_value_rows(float *y, float *msum, const uint8_t *rows, size_t row_bytes,
+                         const float *p, int n, int hd, int bits, int group)
+{
+    const int g = group < hd ? group : hd;
+#if KIVI_SIMD
+    /* Whole groups of 32-channel blocks: each block runs down every row with its 32 sums in
+     * registers (rows are a few dozen bytes: the block's second pass finds them in cache). */
+    if (g % 32 == 0 && hd % g == 0 && (bits == 2 || bits == 4 || bits == 8)) {
+        const size_t code_bytes = (size_t)hd * bits / 8;
+        for (int c0 = 0; c0 < hd; c0 += 32) {
+            const size_t sm_at = code_bytes + (size_t)4 * (c0 / g);
+            if (bits == 4)
+                values32(y, rows, row_bytes, sm_at, p, n, c0, 4);
+            else if (bits == 2)
+                values32(y, rows, row_bytes, sm_at, p, n, c0, 2);
+            else
+                values32(y, rows, row_bytes, sm_at, p, n, c0, 8);
+        }
+        const int ng = hd / g;
+        for (int t = 0; t < n; t++) {
+            const uint8_t *row = rows + (size_t)t * row_bytes;
+            for (int k = 0; k < ng; k++) {
+                uint16_t mn;
+                memcpy(&mn, row + code_bytes + (size_t)4 * k + 2, 2);
+                msum[k] += p[t] * _cvtsh_ss(mn);
+            }
+        }
+        return;
+    }
+#endif
+    for (int t = 0; t < n; t++)
+        kvs_kivi_value_acc(y, msum, rows + (size_t)t * row_bytes, p[t], hd, bits, group);
 }

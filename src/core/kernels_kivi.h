@@ -27,6 +27,11 @@ void kvs_kivi_value_acc(float *y, float *msum, const uint8_t *row, float p, int 
                         int group);
 void kvs_kivi_value_acc_ref(float *y, float *msum, const uint8_t *row, float p, int hd,
                             int bits, int group);
+/* kvs_kivi_value_acc over n consecutive rows, row t weighted by p[t]. */
+void kvs_kivi_value_rows(float *y, float *msum, const uint8_t *rows, size_t row_bytes,
+                         const float *p, int n, int hd, int bits, int group);
+void kvs_kivi_value_rows_ref(float *y, float *msum, const uint8_t *rows, size_t row_bytes,
+                             const float *p, int n, int hd, int bits, int group);
 void kvs_kivi_value_finish(float *y, const float *msum, int hd, int group);
 
 #endif

@@ -101,6 +101,14 @@ static void weighted_values_kivi(const kvs_store *s, int layer, int kvh, const f
     kvs_store_kivi_view(s, layer, kvh, &v);
     float msum[hd];
     memset(msum, 0, sizeof msum);
+    if (!sel) { /* the quantised rows are the prefix [0, nqv): one pass over them */
+        const int nq = n < v.nqv ? n : v.nqv;
+        kvs_kivi_value_rows(out, msum, v.vcodes, v.vrow_bytes, p, nq, hd, k->v_bits, k->group);
+        for (int j = nq; j < n; j++)
+            kvs_axpy_f16(out, p[j], v.vres + (size_t)(j - v.nqv) * hd, hd);
+        kvs_kivi_value_finish(out, msum, hd, k->group);
+        return;
+    }
     for (int j = 0; j < n; j++) {
         const int slot = sel ? sel[j] : j;
         if (slot < v.nqv)
