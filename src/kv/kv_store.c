@@ -169,9 +169,10 @@ static void kb_free(kbuf *b)
 }
 
 /* Room for `more` bytes after the live ones. Moves the live bytes to the front when that
- * leaves a quarter of the array free, else doubles: either way the next move is at least a
- * third of the live size of appends away, so appending is amortised O(1) per byte. -1 (the
- * array unchanged) if the memory is not there. */
+ * leaves a quarter of the array free, else grows to 1.5 times what is needed: either way the
+ * next move is at least a third of the live size of appends away, so appending is amortised
+ * O(1) per byte, and the slack stays at most half the live size. -1 (the array unchanged) if
+ * the memory is not there. */
 static int kb_reserve(kbuf *b, size_t more)
 {
     if (b->off + b->len + more <= b->cap)
@@ -181,7 +182,7 @@ static int kb_reserve(kbuf *b, size_t more)
         b->off = 0;
         return 0;
     }
-    size_t cap = 2 * (b->len + more);
+    size_t cap = b->len + more + (b->len + more) / 2;
     cap = cap < 256 ? 256 : cap;
     char *p = malloc(cap);
     if (!p)
@@ -213,24 +214,27 @@ static void kb_drop_front(kbuf *b, size_t n)
         b->off = 0;
 }
 
-/* Gives memory back after an eviction once three quarters of the array are free. Optional:
- * a failed allocation leaves the array as it was. */
-static void kb_shrink(kbuf *b)
+/* Gives memory back once half the array is free, keeping room for `keep` bytes
+ * (what the array soon holds again: a residual refills to R rows), so that a residual does not
+ * shrink and regrow every R tokens. Optional: a failed allocation leaves the array as it was. */
+static void kb_shrink(kbuf *b, size_t keep)
 {
-    if (b->cap <= 4096 || b->len > b->cap / 4)
+    const size_t want = b->len > keep ? b->len : keep, cap = want + want / 2;
+    if (b->cap <= 4096 || b->cap <= 2 * want)
         return;
-    if (b->len == 0) {
+    if (want == 0) {
         kb_free(b);
         return;
     }
-    char *p = malloc(2 * b->len);
+    char *p = malloc(cap);
     if (!p)
         return;
-    memcpy(p, b->p + b->off, b->len);
+    if (b->len)
+        memcpy(p, b->p + b->off, b->len);
     free(b->p);
     b->p = p;
     b->off = 0;
-    b->cap = 2 * b->len;
+    b->cap = cap;
 }
 
 static void kivi_release(kivi_head *k)
@@ -411,8 +415,8 @@ void kvs_store_kivi_flush(kvs_store *s, int layer)
         kivi_flush(s, head_at(s, layer, h));
         /* A prompt batch passed through the residuals: give back what they no longer hold.
          * (Not in the flush an append runs first: that would undo the append's reserve.) */
-        kb_shrink(&k->kr);
-        kb_shrink(&k->vr);
+        kb_shrink(&k->kr, (size_t)s->kivi.residual * f16_row(s));
+        kb_shrink(&k->vr, (size_t)(s->kivi.residual + 1) * f16_row(s));
     }
 }
 
@@ -481,12 +485,12 @@ static void kivi_keep(const kvs_store *s, store_head *h, const int *slots, int s
     keep_rows(&k->vc, s->vrow_bytes, slots, skip, 0, nv, 0);
     keep_rows(&k->vr, f16_row(s), slots, skip, nv, n, old_nqv);
     k->nqv = nv;
-    kb_shrink(&k->kc);
-    kb_shrink(&k->gsm);
-    kb_shrink(&k->gfirst);
-    kb_shrink(&k->kr);
-    kb_shrink(&k->vc);
-    kb_shrink(&k->vr);
+    kb_shrink(&k->kc, 0);
+    kb_shrink(&k->gsm, 0);
+    kb_shrink(&k->gfirst, 0);
+    kb_shrink(&k->kr, (size_t)s->kivi.residual * f16_row(s));
+    kb_shrink(&k->vc, 0);
+    kb_shrink(&k->vr, (size_t)(s->kivi.residual + 1) * f16_row(s));
 }
 
 /* Moves rows [from, from + n) to [to, to + n) in every array of a head. */
