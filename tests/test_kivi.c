@@ -518,11 +518,11 @@ static void group_kernels_match_reference(void)
         if (hd == 16 || hd == 32)
             continue;
         for (int bits = 1; bits <= 8; bits *= 2) {
-            const int ns[] = {32, 31, 5, 1, 16};
+            const int ns[] = {32, 31, 5, 1, 16, 40, 64, 65};
             for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
                 const int n = ns[ni];
-                uint8_t codes[128 * 32];
-                float qs[128], out[32], ref[32];
+                uint8_t codes[128 * 65];
+                float qs[128], out[65], ref[65];
                 memset(codes, 0, sizeof codes);
                 for (int c = 0; c < hd; c++) {
                     qs[c] = frand();

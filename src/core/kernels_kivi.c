@@ -139,6 +139,56 @@ static inline __attribute__((always_inline)) void values32(float *y, const uint8
     _mm256_storeu_ps(y + c0 + 24, a3);
 }
 
+/* The m codes of a packed stream starting at a byte boundary, as bytes (u8[i] = code i). */
+static void unpack_u8(const uint8_t *codes, int bits, int m, uint8_t *u8)
+{
+    int i = 0;
+    const size_t step = (size_t)32 * bits / 8;
+    if (bits == 4) {
+        const __m128i mask = _mm_set1_epi8(0x0F);
+        for (; i + 32 <= m; i += 32) {
+            const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(codes + i / 32 * step));
+            const __m128i ev = _mm_and_si128(b, mask), od = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+            _mm_storeu_si128((__m128i *)(void *)(u8 + i), _mm_unpacklo_epi8(ev, od));
+            _mm_storeu_si128((__m128i *)(void *)(u8 + i + 16), _mm_unpackhi_epi8(ev, od));
+        }
+    } else if (bits == 8) {
+        memcpy(u8, codes, (size_t)m);
+        return;
+    }
+    for (; i < m; i++)
+        u8[i] = (uint8_t)kvs_kivi_get(codes, bits, i);
+}
+
+/* A group of n <= 64 tokens of any size (one shrunk by eviction, or G != 32): the group's code
+ * stream unpacked to bytes once, then per channel the broadcast weight times 8 tokens at a
+ * time (lanes past n are computed from the next channel's bytes and dropped). */
+static void key_scores_any(const uint8_t *codes, int n, int hd, int bits, const float *qs,
+                           float bias, float *out)
+{
+    uint8_t u8[(size_t)hd * n + 8];
+    unpack_u8(codes, bits, hd * n, u8);
+    memset(u8 + (size_t)hd * n, 0, 8);
+    const int nv = (n + 7) / 8;
+    __m256 acc[8];
+    for (int v = 0; v < nv; v++)
+        acc[v] = _mm256_set1_ps(bias);
+    for (int c = 0; c < hd; c++) {
+        const __m256 w = _mm256_broadcast_ss(qs + c);
+        const uint8_t *row = u8 + (size_t)c * n;
+        for (int v = 0; v < nv; v++) {
+            uint64_t raw;
+            memcpy(&raw, row + 8 * v, 8);
+            const __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)raw)));
+            acc[v] = _mm256_fmadd_ps(w, x, acc[v]);
+        }
+    }
+    float tmp[64];
+    for (int v = 0; v < nv; v++)
+        _mm256_storeu_ps(tmp + 8 * v, acc[v]);
+    memcpy(out, tmp, sizeof(float) * (size_t)n);
+}
+
 static float hsum8(__m256 v)
 {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -321,7 +371,11 @@ void kvs_kivi_key_scores(const uint8_t *codes, int n, int hd, int bits, const fl
         else if (bits == 8)
             key_scores32(codes, hd, 8, qs, bias, out);
         else
-            kvs_kivi_key_scores_ref(codes, n, hd, bits, qs, bias, out);
+            key_scores_any(codes, n, hd, bits, qs, bias, out);
+        return;
+    }
+    if (n <= 64) {
+        key_scores_any(codes, n, hd, bits, qs, bias, out);
         return;
     }
 #endif

@@ -428,10 +428,12 @@ static int kept_at(const int *slots, int skip, int i) { return slots ? slots[i] 
 static void keep_rows(kbuf *b, size_t row, const int *slots, int skip, int i0, int i1, int base)
 {
     char *p = kb_data(b);
-    for (int i = i0; i < i1; i++) {
+    for (int i = i0, j; i < i1; i = j) {
         const int from = kept_at(slots, skip, i) - base, to = i - i0;
+        for (j = i + 1; j < i1 && kept_at(slots, skip, j) - base == from + (j - i);)
+            j++; /* one memmove per run of consecutive kept rows */
         if (from != to)
-            memmove(p + (size_t)to * row, p + (size_t)from * row, row);
+            memmove(p + (size_t)to * row, p + (size_t)from * row, (size_t)(j - i) * row);
     }
     b->len = (size_t)(i1 - i0) * row;
 }
