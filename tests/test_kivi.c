@@ -530,6 +530,18 @@ static void group_kernels_match_reference(void)
                         kvs_kivi_set(codes, bits, c * n + j, (int)((rng >> 7) % (1u << bits)) ^ j % 2);
                     (void)frand();
                 }
+                if (n == 32) { /* the per-group preparation */
+                    uint16_t sm[256];
+                    float q[128], qa[128], qb[128];
+                    for (int c = 0; c < 2 * hd; c++)
+                        sm[c] = kvs_fp32_to_fp16(frand());
+                    for (int c = 0; c < hd; c++)
+                        q[c] = frand();
+                    const float ba = kvs_kivi_key_prep(q, sm, hd, qa),
+                                bb = kvs_kivi_key_prep_ref(q, sm, hd, qb);
+                    CHECKF(fabsf(ba - bb) < 1e-5f * hd && memcmp(qa, qb, sizeof(float) * hd) == 0,
+                           "key prep hd %d: bias %g vs %g", hd, ba, bb);
+                }
                 kvs_kivi_key_scores(codes, n, hd, bits, qs, 0.25f, out);
                 kvs_kivi_key_scores_ref(codes, n, hd, bits, qs, 0.25f, ref);
                 float worst = 0;

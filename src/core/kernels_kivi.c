@@ -152,6 +152,19 @@ static void unpack_u8(const uint8_t *codes, int bits, int m, uint8_t *u8)
             _mm_storeu_si128((__m128i *)(void *)(u8 + i), _mm_unpacklo_epi8(ev, od));
             _mm_storeu_si128((__m128i *)(void *)(u8 + i + 16), _mm_unpackhi_epi8(ev, od));
         }
+    } else if (bits == 2) {
+        const __m128i mask = _mm_set1_epi8(3);
+        for (; i + 32 <= m; i += 32) {
+            uint64_t raw;
+            memcpy(&raw, codes + i / 32 * step, 8);
+            const __m128i b = _mm_cvtsi64_si128((long long)raw);
+            const __m128i c0 = _mm_and_si128(b, mask), c1 = _mm_and_si128(_mm_srli_epi16(b, 2), mask),
+                          c2 = _mm_and_si128(_mm_srli_epi16(b, 4), mask),
+                          c3 = _mm_and_si128(_mm_srli_epi16(b, 6), mask);
+            const __m128i x01 = _mm_unpacklo_epi8(c0, c1), x23 = _mm_unpacklo_epi8(c2, c3);
+            _mm_storeu_si128((__m128i *)(void *)(u8 + i), _mm_unpacklo_epi16(x01, x23));
+            _mm_storeu_si128((__m128i *)(void *)(u8 + i + 16), _mm_unpackhi_epi16(x01, x23));
+        }
     } else if (bits == 8) {
         memcpy(u8, codes, (size_t)m);
         return;
@@ -337,6 +350,19 @@ void kvs_axpy_kivi_value(float *y, float a, const uint8_t *row, int n, int bits,
 
 float kvs_kivi_key_prep(const float *q, const uint16_t *sm, int hd, float *qs)
 {
+#if KIVI_SIMD
+    if (hd % 8 == 0) {
+        __m256 b = _mm256_setzero_ps();
+        for (int c = 0; c < hd; c += 8) {
+            const __m256 vq = _mm256_loadu_ps(q + c);
+            const __m256 sc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sm + c)));
+            const __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sm + hd + c)));
+            _mm256_storeu_ps(qs + c, _mm256_mul_ps(vq, sc));
+            b = _mm256_fmadd_ps(vq, mn, b);
+        }
+        return hsum8(b);
+    }
+#endif
     float sc[hd], mn[hd];
     kvs_dequantize_row(KVS_F16, sm, sc, hd);
     kvs_dequantize_row(KVS_F16, sm + hd, mn, hd);
@@ -344,6 +370,16 @@ float kvs_kivi_key_prep(const float *q, const uint16_t *sm, int hd, float *qs)
     for (int c = 0; c < hd; c++) {
         qs[c] = q[c] * sc[c];
         bias += q[c] * mn[c];
+    }
+    return bias;
+}
+
+float kvs_kivi_key_prep_ref(const float *q, const uint16_t *sm, int hd, float *qs)
+{
+    float bias = 0.0f;
+    for (int c = 0; c < hd; c++) {
+        qs[c] = q[c] * kvs_fp16_to_fp32(sm[c]);
+        bias += q[c] * kvs_fp16_to_fp32(sm[hd + c]);
     }
     return bias;
 }

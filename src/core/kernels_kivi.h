@@ -15,6 +15,7 @@
  * group's fp16 scale[hd] then min[hd]: a quantised key's dot product with q is then
  * sum_c qs[c] * code[c] + that sum. */
 float kvs_kivi_key_prep(const float *q, const uint16_t *sm, int hd, float *qs);
+float kvs_kivi_key_prep_ref(const float *q, const uint16_t *sm, int hd, float *qs);
 /* out[j] = bias + sum_c qs[c] * code(c, j) for the n tokens of a channel-major key group. */
 void kvs_kivi_key_scores(const uint8_t *codes, int n, int hd, int bits, const float *qs,
                          float bias, float *out);
