@@ -6,7 +6,9 @@
 #   bench/kivi_bench.sh [BUILD_DIR]          (default BUILD_DIR: <repo>/build)
 # Env: N_PROMPT (8192), N_GEN (64), THREADS (2), TYPE (f32: the weights),
 #      SHAPE (dim=768,hidden=2048,layers=12,heads=12,kv_heads=12,vocab=512: the 85.7M llama),
-#      KV_TYPES ("f32 f16 kivi4 kivi2"), POLICIES ("full snapkv:budget=0.1").
+#      KV_TYPES ("f32 f16 kivi4 kivi2"), POLICIES ("full snapkv:budget=0.1"),
+#      ROUNDS (1: rounds of every configuration in turn; the table shows medians, so that a
+#      burst of load from other processes moves one round, not the comparison).
 # Output: a markdown table on stdout, progress on stderr, BUILD_DIR/bench/kivi/kivi.json (one
 # row per configuration, with the raw `kvslim bench --json` fields). A benchmark, not a test.
 set -euo pipefail
@@ -21,6 +23,7 @@ n_prompt=${N_PROMPT:-8192} n_gen=${N_GEN:-64} threads=${THREADS:-2} type=${TYPE:
 shape_base=${SHAPE:-dim=768,hidden=2048,layers=12,heads=12,kv_heads=12,vocab=512}
 kv_types=${KV_TYPES:-f32 f16 kivi4 kivi2}
 policies=${POLICIES:-full snapkv:budget=0.1}
+rounds=${ROUNDS:-1}
 out=$build/bench/kivi
 mkdir -p "$out"
 ctx=$(( n_prompt + n_gen + 64 ))
@@ -41,22 +44,29 @@ else
   echo "minicache: not a policy of this binary, skipped" >&2
 fi
 rows=()
-for c in "${configs[@]}"; do
-  p=${c%%|*} t=${c#*|}
-  name=$(echo "$p-$t" | tr ':=,' '___')
-  echo "running --kv $p --kv-type $t" >&2
-  "$kvslim" bench -m "$model" -p "$n_prompt" -n "$n_gen" -t "$threads" --kv "$p" --kv-type "$t" \
-    --json "$out/$name.json" >/dev/null
-  rows+=("$p|$t|$out/$name.json")
+for round in $(seq "$rounds"); do
+  for c in "${configs[@]}"; do
+    p=${c%%|*} t=${c#*|}
+    name=$(echo "$p-$t" | tr ':=,' '___')-r$round
+    echo "round $round: --kv $p --kv-type $t" >&2
+    "$kvslim" bench -m "$model" -p "$n_prompt" -n "$n_gen" -t "$threads" --kv "$p" --kv-type "$t" \
+      --json "$out/$name.json" >/dev/null
+    rows+=("$p|$t|$out/$name.json")
+  done
 done
 python3 - "$out/kivi.json" "$n_prompt" "$n_gen" "$threads" "${rows[@]}" <<'PY'
-import json, sys
+import json, statistics, sys
 dst, n_prompt, n_gen, threads = sys.argv[1], *map(int, sys.argv[2:5])
-rows = []
+runs = {}
 for arg in sys.argv[5:]:
     p, t, f = arg.split("|")
-    r = json.load(open(f))
-    rows.append({"policy": p, "kv_type": t, **r})
+    runs.setdefault((p, t), []).append(json.load(open(f)))
+rows = []
+for (p, t), rs in runs.items():
+    med = lambda k: statistics.median(r[k] for r in rs)
+    rows.append({"policy": p, "kv_type": t, "rounds": rs,
+                 **{k: med(k) for k in ("prefill_tok_s", "decode_tok_s", "decode_kv_share")},
+                 "kv_bytes": rs[-1]["kv_bytes"], "kv_bytes_peak": rs[-1]["kv_bytes_peak"]})
 base = {r["policy"]: r for r in rows if r["kv_type"] == "f16"}
 f16_full = next((r for r in rows if r["policy"] == "full" and r["kv_type"] == "f16"), None)
 for r in rows:
@@ -66,7 +76,9 @@ for r in rows:
 json.dump({"n_prompt": n_prompt, "n_gen": n_gen, "threads": threads, "rows": rows},
           open(dst, "w"), indent=1)
 mib = lambda b: f"{b / 2**20:.1f} MiB"
-print(f"synthetic 85.7M, prompt {n_prompt}, {n_gen} decoded, {threads} threads (one run)\n")
+n_rounds = max(len(r["rounds"]) for r in rows)
+print(f"synthetic 85.7M, prompt {n_prompt}, {n_gen} decoded, {threads} threads, "
+      f"{n_rounds} round(s) in one run (medians)\n")
 print("| policy | KV type | prefill tok/s | decode tok/s | decode vs f16 (same policy) "
       "| decode time in KV layer | KV bytes at end | vs full F16 |")
 print("|---|---|---|---|---|---|---|---|")
