@@ -89,13 +89,70 @@ static inline __attribute__((always_inline)) void codes32(const uint8_t *p, int 
     out[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
 }
 
+#if KVS_AVX512
+/* 32 codes as two vectors of 16 (AVX-512: one widening per 16 codes, no lane shuffles). */
+static inline __attribute__((always_inline)) void codes32x16(const uint8_t *p, int bits,
+                                                              __m512 out[2])
+{
+    __m128i lo, hi;
+    if (bits == 8) {
+        lo = _mm_loadu_si128((const __m128i *)(const void *)p);
+        hi = _mm_loadu_si128((const __m128i *)(const void *)(p + 16));
+    } else if (bits == 4) {
+        const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)p), m = _mm_set1_epi8(0x0F);
+        const __m128i ev = _mm_and_si128(b, m), od = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+        lo = _mm_unpacklo_epi8(ev, od);
+        hi = _mm_unpackhi_epi8(ev, od);
+    } else { /* 2 */
+        uint64_t raw;
+        memcpy(&raw, p, 8);
+        const __m128i b = _mm_cvtsi64_si128((long long)raw), m = _mm_set1_epi8(3);
+        const __m128i c0 = _mm_and_si128(b, m), c1 = _mm_and_si128(_mm_srli_epi16(b, 2), m),
+                      c2 = _mm_and_si128(_mm_srli_epi16(b, 4), m),
+                      c3 = _mm_and_si128(_mm_srli_epi16(b, 6), m);
+        const __m128i x01 = _mm_unpacklo_epi8(c0, c1), x23 = _mm_unpacklo_epi8(c2, c3);
+        lo = _mm_unpacklo_epi16(x01, x23);
+        hi = _mm_unpackhi_epi16(x01, x23);
+    }
+    out[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo));
+    out[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi));
+}
+#endif
+
 /* A full group of 32 tokens: per channel, the broadcast weight times the 32 tokens' codes. */
 static inline __attribute__((always_inline)) void key_scores32(const uint8_t *codes, int hd,
                                                                 int bits, const float *qs,
                                                                 float bias, float *out)
 {
-    __m256 a0 = _mm256_set1_ps(bias), a1 = a0, a2 = a0, a3 = a0;
     const size_t step = (size_t)32 * bits / 8;
+#if KVS_AVX512
+    /* Four channels per iteration into separate sums: the multiply-adds of one channel wait on
+     * the previous one's only four channels later (FMA latency, not throughput, bound a single
+     * chain). */
+    __m512 b0 = _mm512_set1_ps(bias), b1 = b0, b2 = _mm512_setzero_ps(), b3 = b2, b4 = b2,
+           b5 = b2, b6 = b2, b7 = b2;
+#define KIVI_KSTEP(c, lo, hi)                                                                     \
+    do {                                                                                         \
+        __m512 x_[2];                                                                            \
+        codes32x16(codes + (size_t)(c) * step, bits, x_);                                        \
+        const __m512 w_ = _mm512_set1_ps(qs[c]);                                                 \
+        lo = _mm512_fmadd_ps(w_, x_[0], lo);                                                     \
+        hi = _mm512_fmadd_ps(w_, x_[1], hi);                                                     \
+    } while (0)
+    int c = 0;
+    for (; c + 4 <= hd; c += 4) {
+        KIVI_KSTEP(c, b0, b1);
+        KIVI_KSTEP(c + 1, b2, b3);
+        KIVI_KSTEP(c + 2, b4, b5);
+        KIVI_KSTEP(c + 3, b6, b7);
+    }
+    for (; c < hd; c++)
+        KIVI_KSTEP(c, b0, b1);
+#undef KIVI_KSTEP
+    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_add_ps(b0, b2), _mm512_add_ps(b4, b6)));
+    _mm512_storeu_ps(out + 16, _mm512_add_ps(_mm512_add_ps(b1, b3), _mm512_add_ps(b5, b7)));
+#else
+    __m256 a0 = _mm256_set1_ps(bias), a1 = a0, a2 = a0, a3 = a0;
     for (int c = 0; c < hd; c++) {
         __m256 x[4];
         codes32(codes + (size_t)c * step, bits, x);
@@ -109,6 +166,7 @@ static inline __attribute__((always_inline)) void key_scores32(const uint8_t *co
     _mm256_storeu_ps(out + 8, a1);
     _mm256_storeu_ps(out + 16, a2);
     _mm256_storeu_ps(out + 24, a3);
+#endif
 }
 
 /* 32 channels [c0, c0 + 32) of n value rows, with y's 32 floats held in registers across the
@@ -118,9 +176,37 @@ static inline __attribute__((always_inline)) void values32(float *y, const uint8
                                                             const float *p, int n, int c0,
                                                             int bits)
 {
+    const size_t at = (size_t)c0 * bits / 8;
+#if KVS_AVX512
+    /* Four rows per iteration into separate sums (as in key_scores32). */
+    __m512 b0 = _mm512_loadu_ps(y + c0), b1 = _mm512_loadu_ps(y + c0 + 16),
+           b2 = _mm512_setzero_ps(), b3 = b2, b4 = b2, b5 = b2, b6 = b2, b7 = b2;
+#define KIVI_VSTEP(t, lo, hi)                                                                     \
+    do {                                                                                         \
+        const uint8_t *row_ = rows + (size_t)(t) * row_bytes;                                    \
+        uint16_t sc_;                                                                            \
+        memcpy(&sc_, row_ + sm_at, 2);                                                           \
+        const __m512 w_ = _mm512_set1_ps(p[t] * _cvtsh_ss(sc_));                                 \
+        __m512 x_[2];                                                                            \
+        codes32x16(row_ + at, bits, x_);                                                         \
+        lo = _mm512_fmadd_ps(w_, x_[0], lo);                                                     \
+        hi = _mm512_fmadd_ps(w_, x_[1], hi);                                                     \
+    } while (0)
+    int t = 0;
+    for (; t + 4 <= n; t += 4) {
+        KIVI_VSTEP(t, b0, b1);
+        KIVI_VSTEP(t + 1, b2, b3);
+        KIVI_VSTEP(t + 2, b4, b5);
+        KIVI_VSTEP(t + 3, b6, b7);
+    }
+    for (; t < n; t++)
+        KIVI_VSTEP(t, b0, b1);
+#undef KIVI_VSTEP
+    _mm512_storeu_ps(y + c0, _mm512_add_ps(_mm512_add_ps(b0, b2), _mm512_add_ps(b4, b6)));
+    _mm512_storeu_ps(y + c0 + 16, _mm512_add_ps(_mm512_add_ps(b1, b3), _mm512_add_ps(b5, b7)));
+#else
     __m256 a0 = _mm256_loadu_ps(y + c0), a1 = _mm256_loadu_ps(y + c0 + 8),
            a2 = _mm256_loadu_ps(y + c0 + 16), a3 = _mm256_loadu_ps(y + c0 + 24);
-    const size_t at = (size_t)c0 * bits / 8;
     for (int t = 0; t < n; t++) {
         const uint8_t *row = rows + (size_t)t * row_bytes;
         uint16_t sc;
@@ -137,6 +223,7 @@ static inline __attribute__((always_inline)) void values32(float *y, const uint8
     _mm256_storeu_ps(y + c0 + 8, a1);
     _mm256_storeu_ps(y + c0 + 16, a2);
     _mm256_storeu_ps(y + c0 + 24, a3);
+#endif
 }
 
 /* The m codes of a packed stream starting at a byte boundary, as bytes (u8[i] = code i). */
@@ -508,14 +595,24 @@ void kvs_kivi_value_rows(float *y, float *msum, const uint8_t *rows, size_t row_
             else
                 values32(y, rows, row_bytes, sm_at, p, n, c0, 8);
         }
-        const int ng = hd / g;
-        for (int t = 0; t < n; t++) {
-            const uint8_t *row = rows + (size_t)t * row_bytes;
-            for (int k = 0; k < ng; k++) {
+        /* The minima: per group a dot product of p with the rows' minima, in four partial
+         * sums (one running sum would wait on the multiply-add latency every row). */
+        for (int k = 0; k < hd / g; k++) {
+            const uint8_t *mp = rows + code_bytes + (size_t)4 * k + 2;
+            float part[4] = {0, 0, 0, 0};
+            int t = 0;
+            for (; t + 4 <= n; t += 4)
+                for (int u = 0; u < 4; u++) {
+                    uint16_t mn;
+                    memcpy(&mn, mp + (size_t)(t + u) * row_bytes, 2);
+                    part[u] += p[t + u] * _cvtsh_ss(mn);
+                }
+            for (; t < n; t++) {
                 uint16_t mn;
-                memcpy(&mn, row + code_bytes + (size_t)4 * k + 2, 2);
-                msum[k] += p[t] * _cvtsh_ss(mn);
+                memcpy(&mn, mp + (size_t)t * row_bytes, 2);
+                part[0] += p[t] * _cvtsh_ss(mn);
             }
+            msum[k] += (part[0] + part[1]) + (part[2] + part[3]);
         }
         return;
     }
