@@ -599,20 +599,25 @@ void kvs_kivi_value_rows(float *y, float *msum, const uint8_t *rows, size_t row_
          * sums (one running sum would wait on the multiply-add latency every row). */
         for (int k = 0; k < hd / g; k++) {
             const uint8_t *mp = rows + code_bytes + (size_t)4 * k + 2;
-            float part[4] = {0, 0, 0, 0};
+            float s0 = 0, s1 = 0, s2 = 0, s3 = 0; /* (named: an array stays in memory) */
+            uint16_t m0, m1, m2, m3;
             int t = 0;
-            for (; t + 4 <= n; t += 4)
-                for (int u = 0; u < 4; u++) {
-                    uint16_t mn;
-                    memcpy(&mn, mp + (size_t)(t + u) * row_bytes, 2);
-                    part[u] += p[t + u] * _cvtsh_ss(mn);
-                }
-            for (; t < n; t++) {
-                uint16_t mn;
-                memcpy(&mn, mp + (size_t)t * row_bytes, 2);
-                part[0] += p[t] * _cvtsh_ss(mn);
+            for (; t + 4 <= n; t += 4) {
+                const uint8_t *r = mp + (size_t)t * row_bytes;
+                memcpy(&m0, r, 2);
+                memcpy(&m1, r + row_bytes, 2);
+                memcpy(&m2, r + 2 * row_bytes, 2);
+                memcpy(&m3, r + 3 * row_bytes, 2);
+                s0 += p[t] * _cvtsh_ss(m0);
+                s1 += p[t + 1] * _cvtsh_ss(m1);
+                s2 += p[t + 2] * _cvtsh_ss(m2);
+                s3 += p[t + 3] * _cvtsh_ss(m3);
             }
-            msum[k] += (part[0] + part[1]) + (part[2] + part[3]);
+            for (; t < n; t++) {
+                memcpy(&m0, mp + (size_t)t * row_bytes, 2);
+                s0 += p[t] * _cvtsh_ss(m0);
+            }
+            msum[k] += (s0 + s1) + (s2 + s3);
         }
         return;
     }
