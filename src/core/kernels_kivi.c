@@ -580,8 +580,8 @@ void kvs_kivi_value_rows_ref(float *y, float *msum, const uint8_t *rows, size_t 
 void kvs_kivi_value_rows(float *y, float *msum, const uint8_t *rows, size_t row_bytes,
                          const float *p, int n, int hd, int bits, int group)
 {
-    const int g = group < hd ? group : hd;
 #if KIVI_SIMD
+    const int g = group < hd ? group : hd;
     /* Whole groups of 32-channel blocks: each block runs down every row with its 32 sums in
      * registers (rows are a few dozen bytes: the block's second pass finds them in cache). */
     if (g % 32 == 0 && hd % g == 0 && (bits == 2 || bits == 4 || bits == 8)) {
