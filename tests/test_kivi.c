@@ -273,6 +273,16 @@ static void eviction_from_groups(int hd)
         changed += kvs_store_pos(s, 0, 0)[i] != keep[i];
     }
     CHECKF(changed == 0, "hd %d: %d surviving rows changed by the eviction", hd, changed);
+    /* The whole head at once gives each slot's key exactly. */
+    float *all = malloc(sizeof(float) * (size_t)n * hd);
+    kvs_store_keys_f32(s, 0, 0, all);
+    for (int i = 0; i < n; i++) {
+        kvs_store_key_f32(s, 0, 0, i, out);
+        changed += memcmp(out, all + (size_t)i * hd, sizeof out) != 0;
+    }
+    CHECKF(changed == 0, "hd %d: %d keys differ between kvs_store_keys_f32 and key_f32", hd,
+           changed);
+    free(all);
     /* The bytes follow the survivors exactly: codes of the live tokens only (the groups were
      * repacked), the dropped group's scale and min gone. */
     CHECKF((double)kvs_store_bytes(s) == view_bytes(s, 0, hd) + view_bytes(s, 1, hd) &&

@@ -331,8 +331,7 @@ static kvs_status attend_gemm(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_at
         kvs_dtype ktype = cfg->type;
         if (kivi) { /* a prompt batch over quantised keys: one dequantised copy per batch */
             float *K = (float *)(visible + n);
-            for (int j = 0; j < count; j++)
-                kvs_store_key_f32(s, a->layer, kvh, j, K + (size_t)j * hd);
+            kvs_store_keys_f32(s, a->layer, kvh, K);
             keys = K;
             ktype = KVS_F32;
         }

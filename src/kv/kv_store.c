@@ -292,6 +292,34 @@ static void kivi_key_f32(const kvs_store *s, const store_head *h, int slot, floa
         out[c] = (float)kvs_kivi_get(codes, b, c * n + slot - first) * sc[c] + mn[c];
 }
 
+void kvs_store_keys_f32(const kvs_store *s, int layer, int head, float *out)
+{
+    const store_head *h = head_at(s, layer, head);
+    if (!s->kivi.k_bits) {
+        for (int i = 0; i < h->count; i++)
+            kvs_store_key_f32(s, layer, head, i, out + (size_t)i * s->cfg.head_dim);
+        return;
+    }
+    /* Group by group: its scale and min converted once, its codes read in order. */
+    const kivi_head *k = &h->kq;
+    const int hd = s->cfg.head_dim, b = s->kivi.k_bits;
+    float sc[hd], mn[hd];
+    for (int g = 0; g < k->ng; g++) {
+        const int first = kivi_first(k)[g], n = group_end(k, g) - first;
+        const uint8_t *codes = (const uint8_t *)kb_data(&k->kc) + (size_t)first * s->kcode_bytes;
+        const uint16_t *sm = (const uint16_t *)(const void *)kb_data(&k->gsm) + (size_t)2 * hd * g;
+        kvs_dequantize_row(KVS_F16, sm, sc, hd);
+        kvs_dequantize_row(KVS_F16, sm + hd, mn, hd);
+        float *o = out + (size_t)first * hd;
+        for (int c = 0; c < hd; c++)
+            for (int j = 0; j < n; j++)
+                o[(size_t)j * hd + c] = (float)kvs_kivi_get(codes, b, c * n + j) * sc[c] + mn[c];
+    }
+    if (h->count > k->nqk)
+        kvs_dequantize_row(KVS_F16, kb_data(&k->kr), out + (size_t)k->nqk * hd,
+                           (int64_t)(h->count - k->nqk) * hd);
+}
+
 void kvs_store_key_f32(const kvs_store *s, int layer, int head, int slot, float *out)
 {
     if (s->kivi.k_bits) {

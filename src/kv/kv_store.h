@@ -44,6 +44,9 @@ const void *kvs_store_keys(const kvs_store *s, int layer, int head);
 const void *kvs_store_values(const kvs_store *s, int layer, int head);
 void kvs_store_key_f32(const kvs_store *s, int layer, int head, int slot, float *out);
 void kvs_store_value_f32(const kvs_store *s, int layer, int head, int slot, float *out);
+/* Every key of a head as floats (count rows of head_dim): what kvs_store_key_f32 gives for each
+ * slot, for a KIVI store group by group. */
+void kvs_store_keys_f32(const kvs_store *s, int layer, int head, float *out);
 /* Metadata channel c of a head: count floats, moved along with the slots. */
 float *kvs_store_meta(kvs_store *s, int layer, int head, int c);
 
