@@ -603,6 +603,21 @@ static void group_kernels_match_reference(void)
     }
 }
 
+/* The float-argument code equals kvs_kivi_code (roundf) everywhere, ties included. */
+static void code_f_matches(void)
+{
+    int bad = 0;
+    for (int bits = 1; bits <= 8; bits *= 2)
+        for (int i = 0; i < 200000; i++) {
+            const float m = frand() * 3, x = i % 7 == 0 ? m + (float)(i % 40) * 0.125f : frand() * 4;
+            const uint16_t hs = kvs_fp32_to_fp16(i % 11 == 0 ? 0.25f : fabsf(frand()) + 1e-3f),
+                           hm = kvs_fp32_to_fp16(m);
+            bad += kvs_kivi_code(x, hs, hm, bits) !=
+                   kvs_kivi_code_f(x, kvs_fp16_to_fp32(hs), kvs_fp16_to_fp32(hm), bits);
+        }
+    CHECKF(bad == 0, "%d codes differ from roundf's", bad);
+}
+
 static void parse_errors(void)
 {
     kvs_kivi_cfg c;
@@ -651,6 +666,7 @@ int main(void)
 {
     kernels_match_reference();
     group_kernels_match_reference();
+    code_f_matches();
     parse_errors();
     for (int hd = 8; hd <= 64; hd *= 8)
         for (int b = 2; b <= 4; b += 2) {

@@ -339,6 +339,18 @@ void kvs_kivi_params(const float *x, int n, int stride, int bits, uint16_t *scal
     *scale = kvs_fp32_to_fp16((hi - lo) / (float)((1 << bits) - 1));
 }
 
+int kvs_kivi_code_f(float x, float s, float m, int bits)
+{
+    const int top = (1 << bits) - 1;
+    if (!(s > 0.0f))
+        return 0;
+    /* roundf (half away from zero) without the library call: exact for the non-negative
+     * values that are not clamped to 0 (x - floor(x) is exact below 2^23). */
+    const float v = (x - m) / s, f = floorf(v);
+    const float q = v - f >= 0.5f ? f + 1.0f : f;
+    return q < 0.0f ? 0 : q > (float)top ? top : (int)q;
+}
+
 int kvs_kivi_code(float x, uint16_t scale, uint16_t mn, int bits)
 {
     /* The code is taken against the stored (fp16-rounded) scale and minimum, so the round trip
@@ -392,8 +404,9 @@ void kvs_kivi_quantize_value_row(const float *x, int n, int bits, int group, uin
         uint16_t sm[2];
         kvs_kivi_params(x + c0, len, 1, bits, &sm[0], &sm[1]);
         memcpy(row + code_bytes + (size_t)4 * k, sm, sizeof sm);
+        const float sc = kvs_fp16_to_fp32(sm[0]), mn = kvs_fp16_to_fp32(sm[1]);
         for (int d = c0; d < c0 + len; d++)
-            kvs_kivi_set(row, bits, d, kvs_kivi_code(x[d], sm[0], sm[1], bits));
+            kvs_kivi_set(row, bits, d, kvs_kivi_code_f(x[d], sc, mn, bits));
     }
 }
 

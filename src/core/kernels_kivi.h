@@ -11,6 +11,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* kvs_kivi_code (kernels.h) against the scale and min already converted to floats. */
+int kvs_kivi_code_f(float x, float s, float m, int bits);
+
 /* qs[c] = q[c] * scale[c] and the return value sum_c q[c] * min[c], for sm holding a key
  * group's fp16 scale[hd] then min[hd]: a quantised key's dot product with q is then
  * sum_c qs[c] * code[c] + that sum. */

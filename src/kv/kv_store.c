@@ -6,6 +6,7 @@
 
 #include "core/debug.h"
 #include "core/kernels.h"
+#include "core/kernels_kivi.h"
 #include "core/number.h"
 
 /* Live slots occupy rows [start, start + count) of arrays of cap rows. A free prefix lets a
@@ -406,10 +407,11 @@ static void kivi_quantize_keys(const kvs_store *s, kivi_head *k, int n)
         kvs_kivi_params(x + c, n, hd, b, &sm[c], &sm[hd + c]);
     uint8_t *codes = (uint8_t *)kb_grow(&k->kc, (size_t)n * s->kcode_bytes);
     memset(codes, 0, (size_t)n * s->kcode_bytes);
-    for (int c = 0; c < hd; c++)
+    for (int c = 0; c < hd; c++) {
+        const float sc = kvs_fp16_to_fp32(sm[c]), mn = kvs_fp16_to_fp32(sm[hd + c]);
         for (int j = 0; j < n; j++)
-            kvs_kivi_set(codes, b, c * n + j,
-                         kvs_kivi_code(x[(size_t)j * hd + c], sm[c], sm[hd + c], b));
+            kvs_kivi_set(codes, b, c * n + j, kvs_kivi_code_f(x[(size_t)j * hd + c], sc, mn, b));
+    }
     int *first = (int *)(void *)kb_grow(&k->gfirst, sizeof(int));
     *first = k->nqk;
     k->ng++;
