@@ -7,6 +7,7 @@
 
 #include "check.h"
 #include "core/kernels.h"
+#include "core/kernels_kivi.h"
 #include "kv/attention.h"
 #include "kv/kivi.h"
 #include "kv/kv_store.h"
@@ -38,6 +39,12 @@ static void fill(float *x, int n, int hd)
         for (int h = 0; h < NKV; h++)
             for (int d = 0; d < hd; d++)
                 x[((size_t)i * NKV + h) * hd + d] = (float)(d % 5) - 2.0f + (1.0f + d % 3) * frand();
+}
+
+/* Tokens of key group g of a view. */
+static int gsize(const kvs_kivi_view *v, int g)
+{
+    return (g + 1 < v->ng ? v->g_first[g + 1] : v->nqk) - v->g_first[g];
 }
 
 static float f16r(float x) { return kvs_fp16_to_fp32(kvs_fp32_to_fp16(x)); }
@@ -75,13 +82,13 @@ static int check_round_trip(const kvs_store *s, int h, const float *ok, const fl
     const int n = kvs_store_count(s, 0, h);
     int bad = 0;
     float out[hd];
-    for (int g = 0, first = 0; g < v.ng; first += v.g_n[g++])
-        for (int i = first; i < first + v.g_n[g]; i++) {
+    for (int g = 0, first = 0; g < v.ng; first += gsize(&v, g), g++)
+        for (int i = first; i < first + gsize(&v, g); i++) {
             kvs_store_key_f32(s, 0, h, i, out);
             for (int d = 0; d < hd; d++) {
                 /* The group as quantised may have held evicted tokens too: bound by the live
                  * ones' range only when nothing was evicted (callers check equality after). */
-                float b = group_bound(ok + (size_t)first * hd + d, v.g_n[g], hd, kb);
+                float b = group_bound(ok + (size_t)first * hd + d, gsize(&v, g), hd, kb);
                 bad += !(fabsf(out[d] - ok[(size_t)i * hd + d]) <= b);
             }
         }
@@ -187,6 +194,32 @@ static void residual_flushes_at_r(void)
     kvs_store_free(s);
 }
 
+/* The live bytes of a head recomputed from its view: §3.2 plus 4 bytes per key group and the
+ * 4-byte positions. */
+static double view_bytes(const kvs_store *s, int h, int hd)
+{
+    kvs_kivi_view v;
+    kvs_store_kivi_view(s, 0, h, &v);
+    const double c = kvs_store_count(s, 0, h);
+    return (double)v.nqk * v.kcode_bytes + v.ng * (4.0 * hd + 4) + (c - v.nqk) * hd * 2 +
+           (double)v.nqv * v.vrow_bytes + (c - v.nqv) * hd * 2 + 4 * c;
+}
+
+/* What the store allocates follows what it holds: growth slack of at most half of it, room
+ * for the fp16 residuals to refill to R = 128 rows, the arrays' minimum size (256 bytes, the
+ * positions' 64-byte blocks); and is below what the same tokens take as F16 rows. */
+static void check_alloc(const kvs_store *s, int hd, int n)
+{
+    const size_t live = kvs_store_bytes(s), alloc = kvs_store_alloc_bytes(s);
+    const size_t f16 = (size_t)NKV * n * (2 * (size_t)hd * 2 + 4);
+    const size_t room = NKV * (2 * 129 * (size_t)hd * 2 * 3 / 2 + 6 * 256 + 2 * 64 + 4 * 32);
+    CHECKF(alloc >= live && alloc <= live + live / 2 + room,
+           "hd %d: %zu bytes held, %zu allocated", hd, live, alloc);
+    if (n >= 384 && hd >= 64) /* (small arrays have a minimum size) */
+        CHECKF(alloc < f16, "hd %d: %zu bytes allocated for %d tokens, as F16 rows %zu", hd,
+               alloc, n, f16);
+}
+
 /* Eviction from quantised groups: the survivors keep exactly their dequantised values (the
  * group keeps its scale and min), hence stay within the quantisation error of the originals. */
 static void eviction_from_groups(int hd)
@@ -206,6 +239,7 @@ static void eviction_from_groups(int hd)
         kvs_store_key_f32(s, 0, 0, i, before + (size_t)i * 2 * hd);
         kvs_store_value_f32(s, 0, 0, i, before + (size_t)i * 2 * hd + hd);
     }
+    const size_t bytes_before = kvs_store_bytes(s);
     /* Keep every third slot but all of slots 32..63 (group 1 untouched), none of 64..95 (group
      * 2 emptied), then remove one more quantised key. */
     int keep[N], n = 0;
@@ -225,7 +259,7 @@ static void eviction_from_groups(int hd)
         nqv += keep[i] < N - R;
     }
     for (int g = 0; g < view.ng; g++)
-        sum += view.g_n[g] > 0 ? view.g_n[g] : -100000;
+        sum += gsize(&view, g) > 0 ? gsize(&view, g) : -100000;
     CHECKF(view.nqk == nqk && view.nqv == nqv && sum == nqk && view.ng == 7,
            "after eviction: nqk %d (want %d), nqv %d (want %d), %d groups summing to %d",
            view.nqk, nqk, view.nqv, nqv, view.ng, sum);
@@ -239,6 +273,23 @@ static void eviction_from_groups(int hd)
         changed += kvs_store_pos(s, 0, 0)[i] != keep[i];
     }
     CHECKF(changed == 0, "hd %d: %d surviving rows changed by the eviction", hd, changed);
+    /* The whole head at once gives each slot's key exactly. */
+    float *all = malloc(sizeof(float) * (size_t)n * hd);
+    kvs_store_keys_f32(s, 0, 0, all);
+    for (int i = 0; i < n; i++) {
+        kvs_store_key_f32(s, 0, 0, i, out);
+        changed += memcmp(out, all + (size_t)i * hd, sizeof out) != 0;
+    }
+    CHECKF(changed == 0, "hd %d: %d keys differ between kvs_store_keys_f32 and key_f32", hd,
+           changed);
+    free(all);
+    /* The bytes follow the survivors exactly: codes of the live tokens only (the groups were
+     * repacked), the dropped group's scale and min gone. */
+    CHECKF((double)kvs_store_bytes(s) == view_bytes(s, 0, hd) + view_bytes(s, 1, hd) &&
+           kvs_store_bytes(s) < bytes_before,
+           "hd %d after eviction: %zu bytes, view says %.0f, before %zu", hd,
+           kvs_store_bytes(s), view_bytes(s, 0, hd) + view_bytes(s, 1, hd), bytes_before);
+    check_alloc(s, hd, 0);
     /* Appending after eviction keeps flushing by the rules. */
     for (int32_t p = N; p < N + R; p++) {
         float kk[NKV * hd], vv[NKV * hd];
@@ -273,9 +324,25 @@ static void bytes_exact(int hd, int kb, int vb)
     const double nqk = N - N % R, nqv = N - R, gv = hd < G ? 1 : hd / G;
     const double key = nqk * hd * kb / 8 + (nqk / G * hd) * 2 * 2 + (N - nqk) * hd * 2;
     const double val = nqv * hd * vb / 8 + (nqv * gv) * 2 * 2 + (N - nqv) * hd * 2;
-    const double want = NKV * (key + val + 4.0 * N);
+    /* plus the first slot of each key group (4 bytes, what locates a group after eviction) */
+    const double want = NKV * (key + val + 4.0 * N + 4.0 * (nqk / G));
     CHECKF((double)kvs_store_bytes(s) == want, "hd %d k%d v%d: %zu bytes, formula %.0f", hd, kb,
            vb, kvs_store_bytes(s), want);
+    check_alloc(s, hd, N);
+    /* Token by token to the same N: the same bytes, and the allocation still follows. */
+    kvs_store *t = new_kivi(hd, kb, vb, G, R);
+    for (int i = 0; i < N; i++) {
+        float kk[NKV * hd], vv[NKV * hd];
+        for (int h = 0; h < NKV; h++) {
+            memcpy(kk + h * hd, k + ((size_t)i * NKV + h) * hd, sizeof(float) * hd);
+            memcpy(vv + h * hd, v + ((size_t)i * NKV + h) * hd, sizeof(float) * hd);
+        }
+        CHECK(app(t, 1, kk, vv, pos + i, &err) == KVS_OK);
+    }
+    CHECKF((double)kvs_store_bytes(t) == want, "hd %d k%d v%d token by token: %zu bytes, "
+           "formula %.0f", hd, kb, vb, kvs_store_bytes(t), want);
+    check_alloc(t, hd, N);
+    kvs_store_free(t);
     kvs_store_free(s);
     free(k);
     free(v);
@@ -452,6 +519,105 @@ static void kernels_match_reference(void)
     }
 }
 
+/* The group-wise key scores and the folded value sums against their scalar references, for
+ * full groups (the vector paths) and groups shrunk by eviction, every bit width, head_dim 8
+ * (a value group is the whole head) and 64 / 128. */
+static void group_kernels_match_reference(void)
+{
+    for (int hd = 8; hd <= 128; hd *= 2) {
+        if (hd == 16 || hd == 32)
+            continue;
+        for (int bits = 1; bits <= 8; bits *= 2) {
+            const int ns[] = {32, 31, 5, 1, 16, 40, 64, 65};
+            for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+                const int n = ns[ni];
+                uint8_t codes[128 * 65];
+                float qs[128], out[65], ref[65];
+                memset(codes, 0, sizeof codes);
+                for (int c = 0; c < hd; c++) {
+                    qs[c] = frand();
+                    for (int j = 0; j < n; j++)
+                        kvs_kivi_set(codes, bits, c * n + j, (int)((rng >> 7) % (1u << bits)) ^ j % 2);
+                    (void)frand();
+                }
+                if (n == 32) { /* the per-group preparation */
+                    uint16_t sm[256];
+                    float q[128], qa[128], qb[128];
+                    for (int c = 0; c < 2 * hd; c++)
+                        sm[c] = kvs_fp32_to_fp16(frand());
+                    for (int c = 0; c < hd; c++)
+                        q[c] = frand();
+                    const float ba = kvs_kivi_key_prep(q, sm, hd, qa),
+                                bb = kvs_kivi_key_prep_ref(q, sm, hd, qb);
+                    CHECKF(fabsf(ba - bb) < 1e-5f * hd && memcmp(qa, qb, sizeof(float) * hd) == 0,
+                           "key prep hd %d: bias %g vs %g", hd, ba, bb);
+                }
+                kvs_kivi_key_scores(codes, n, hd, bits, qs, 0.25f, out);
+                kvs_kivi_key_scores_ref(codes, n, hd, bits, qs, 0.25f, ref);
+                float worst = 0;
+                for (int j = 0; j < n; j++)
+                    worst = fmaxf(worst, fabsf(out[j] - ref[j]));
+                CHECKF(worst < 1e-5f * hd * (1 << bits), "key scores hd %d bits %d n %d: %g", hd,
+                       bits, n, worst);
+            }
+            /* values: 37 rows, groups of 32 channels (of the whole head when hd < 32) */
+            const int G = 32, N = 37;
+            const size_t rb = kvs_kivi_value_row_bytes(hd, bits, G);
+            uint8_t rows[37 * 160];
+            float x[128], p[37], y[128], yref[128], yacc[128], m[8], mref[8], macc[8];
+            for (int t = 0; t < N; t++) {
+                for (int d = 0; d < hd; d++)
+                    x[d] = frand() * (1 + d % 3);
+                kvs_kivi_quantize_value_row(x, hd, bits, G, rows + (size_t)t * rb);
+                p[t] = (frand() + 1.0f) / N;
+            }
+            for (int d = 0; d < hd; d++)
+                y[d] = yref[d] = yacc[d] = (float)d / 7;
+            memset(m, 0, sizeof m);
+            memset(mref, 0, sizeof mref);
+            memset(macc, 0, sizeof macc);
+            kvs_kivi_value_rows(y, m, rows, rb, p, N, hd, bits, G);
+            kvs_kivi_value_rows_ref(yref, mref, rows, rb, p, N, hd, bits, G);
+            for (int t = 0; t < N; t++)
+                kvs_kivi_value_acc(yacc, macc, rows + (size_t)t * rb, p[t], hd, bits, G);
+            kvs_kivi_value_finish(y, m, hd, G);
+            kvs_kivi_value_finish(yref, mref, hd, G);
+            kvs_kivi_value_finish(yacc, macc, hd, G);
+            /* and the plain definition: sum_t p_t * dequant(row_t) */
+            float worst = 0, deq[128];
+            double def[128];
+            for (int d = 0; d < hd; d++)
+                def[d] = (double)d / 7;
+            for (int t = 0; t < N; t++) {
+                kvs_kivi_dequantize_value_row(rows + (size_t)t * rb, hd, bits, G, deq);
+                for (int d = 0; d < hd; d++)
+                    def[d] += (double)p[t] * deq[d];
+            }
+            for (int d = 0; d < hd; d++) {
+                worst = fmaxf(worst, fabsf(y[d] - yref[d]));
+                worst = fmaxf(worst, fabsf(yacc[d] - yref[d]));
+                worst = fmaxf(worst, fabsf(yref[d] - (float)def[d]));
+            }
+            CHECKF(worst < 2e-5f * (1 << bits), "values hd %d bits %d: %g", hd, bits, worst);
+        }
+    }
+}
+
+/* The float-argument code equals kvs_kivi_code (roundf) everywhere, ties included. */
+static void code_f_matches(void)
+{
+    int bad = 0;
+    for (int bits = 1; bits <= 8; bits *= 2)
+        for (int i = 0; i < 200000; i++) {
+            const float m = frand() * 3, x = i % 7 == 0 ? m + (float)(i % 40) * 0.125f : frand() * 4;
+            const uint16_t hs = kvs_fp32_to_fp16(i % 11 == 0 ? 0.25f : fabsf(frand()) + 1e-3f),
+                           hm = kvs_fp32_to_fp16(m);
+            bad += kvs_kivi_code(x, hs, hm, bits) !=
+                   kvs_kivi_code_f(x, kvs_fp16_to_fp32(hs), kvs_fp16_to_fp32(hm), bits);
+        }
+    CHECKF(bad == 0, "%d codes differ from roundf's", bad);
+}
+
 static void parse_errors(void)
 {
     kvs_kivi_cfg c;
@@ -499,6 +665,8 @@ static void shift_refused(void)
 int main(void)
 {
     kernels_match_reference();
+    group_kernels_match_reference();
+    code_f_matches();
     parse_errors();
     for (int hd = 8; hd <= 64; hd *= 8)
         for (int b = 2; b <= 4; b += 2) {

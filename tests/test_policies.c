@@ -290,6 +290,118 @@ static void f16_storage(const fx_run *full)
     }
 }
 
+/* ---- KIVI storage under every policy ---- */
+/* Per (layer, KV head, position): whether the token was quantised at the last hook, and its
+ * dequantised key and value then. A quantised token must dequantise to exactly the same floats
+ * at every later hook it survives (eviction moves codes, never re-quantises). */
+enum { KV_MAXL = 16, KV_MAXH = 16, KV_MAXD = 64 };
+static signed char kq_state[KV_MAXL][KV_MAXH][N_TOK]; /* 0 unseen, 1 fp16, 2 quantised */
+static float kq_kv[KV_MAXL][KV_MAXH][N_TOK][2 * KV_MAXD];
+
+static void kivi_checks(fx_obs *o, const kvs_kv *kv, int layer, const char *hook, int newest)
+{
+    named_checks(o, kv, layer, hook, newest);
+    const kvs_store *st = kvs_kv_store(kv);
+    const int hd = kvs_store_cfg(st)->head_dim, nh = kvs_store_cfg(st)->n_kv_heads;
+    if (layer >= KV_MAXL || nh > KV_MAXH || hd > KV_MAXD)
+        return;
+    for (int h = 0; h < nh; h++) {
+        kvs_kivi_view v;
+        kvs_store_kivi_view(st, layer, h, &v);
+        const int n = kvs_store_count(st, layer, h);
+        const int32_t *pos = kvs_store_pos(st, layer, h);
+        for (int i = 0; i < n; i++) {
+            float kvv[2 * KV_MAXD];
+            kvs_store_key_f32(st, layer, h, i, kvv);
+            kvs_store_value_f32(st, layer, h, i, kvv + hd);
+            const int p = pos[i], qk = i < v.nqk, qv = i < v.nqv;
+            float *prev = kq_kv[layer][h][p];
+            /* bit 0: key quantised, bit 1: value quantised, at the last look */
+            const int was = kq_state[layer][h][p] - 1;
+            int changed = 0;
+            for (int d = 0; was >= 0 && d < hd; d++) {
+                changed += (was & 1) && memcmp(&prev[d], &kvv[d], 4) != 0;
+                changed += (was & 2) && memcmp(&prev[hd + d], &kvv[hd + d], 4) != 0;
+            }
+            if (changed)
+                fx_violation(o, "quantised token at slot %d (position %d) dequantises differently "
+                             "after a change", layer, h, hook, i, p);
+            if (was >= 0 && (((was & 1) && !qk) || ((was & 2) && !qv)))
+                fx_violation(o, "slot %d (position %d) went back to fp16", layer, h, hook, i, p);
+            memcpy(prev, kvv, sizeof(float) * 2 * (size_t)hd);
+            kq_state[layer][h][p] = (signed char)(1 + qk + 2 * qv);
+        }
+        /* Bytes exactly the live ones of §3.2 (plus 4 per key group and the positions), and
+         * the groups partition the quantised keys. */
+        int sum = 0, ok = 1;
+        for (int g = 0; g < v.ng; g++) {
+            const int gn = (g + 1 < v.ng ? v.g_first[g + 1] : v.nqk) - v.g_first[g];
+            ok &= gn > 0 && v.g_first[g] == sum;
+            sum += gn;
+        }
+        if (!ok || sum != v.nqk)
+            fx_violation(o, "key groups do not partition the %d quantised keys (%d)", layer, h,
+                         hook, v.nqk, sum);
+    }
+}
+
+/* Total live bytes of a KIVI store recomputed from its views. */
+static double kivi_view_bytes(const kvs_store *st)
+{
+    const kvs_store_config *c = kvs_store_cfg(st);
+    double total = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int h = 0; h < c->n_kv_heads; h++) {
+            kvs_kivi_view v;
+            kvs_store_kivi_view(st, l, h, &v);
+            const double n = kvs_store_count(st, l, h);
+            total += (double)v.nqk * v.kcode_bytes + v.ng * (4.0 * c->head_dim + 4) +
+                     (n - v.nqk) * c->head_dim * 2 + (double)v.nqv * v.vrow_bytes +
+                     (n - v.nqv) * c->head_dim * 2 +
+                     n * (double)kvs_store_slot_bytes(st);
+        }
+    return total;
+}
+
+static void kivi_bytes_check(fx_obs *o, const kvs_kv *kv, int layer, const char *hook, int newest)
+{
+    kivi_checks(o, kv, layer, hook, newest);
+    const kvs_store *st = kvs_kv_store(kv);
+    if ((double)kvs_store_bytes(st) != kivi_view_bytes(st))
+        fx_violation(o, "KIVI bytes %d differ from the live arrays' %d", layer, 0, hook,
+                     (int)kvs_store_bytes(st), (int)kivi_view_bytes(st));
+}
+
+/* Every policy over KIVI storage (2-bit keys, 4-bit values, R = 64 so that the 384-token
+ * prompt and the decode quantise, in 64-token chunks so that flushes, evictions and appends
+ * interleave): the generic invariants, quantised tokens bit-identical for as long as they
+ * survive, exact bytes at every hook, and (evicting and one-shot policies) fewer bytes than
+ * the full KIVI cache. */
+static void kivi_storage(void)
+{
+    const char *kt = "kivi:kbits=2,vbits=4,group=32,residual=64";
+    fx_run full = {.spec = "full", .kv_type = kt, .chunk = 64, .threads = 2, .decode = D_SWEEP,
+                   .extra = kivi_bytes_check};
+    memset(kq_state, 0, sizeof kq_state);
+    fx_exec(&full, model, tokens);
+    check_run(&full);
+    for (int i = 0; i < n_policies; i++) {
+        char spec[96];
+        snprintf(spec, sizeof spec, "%s:budget=0.25", policies[i]->name);
+        fx_run r = {.spec = spec, .kv_type = kt, .chunk = 64, .threads = 2, .decode = D_SWEEP,
+                    .extra = kivi_bytes_check};
+        memset(kq_state, 0, sizeof kq_state);
+        fx_exec(&r, model, tokens);
+        check_run(&r);
+        CHECKF(r.o && r.o->calls > 0, "%s on KIVI: no hook observed", spec);
+        /* (a selection policy keeps everything, plus its own metadata) */
+        CHECKF(policies[i]->kind == KVS_KIND_SELECTION || r.peak_bytes < full.peak_bytes,
+               "%s on KIVI: peak %zu bytes, full KIVI %zu", spec, r.peak_bytes, full.peak_bytes);
+        fx_run_free(&r);
+    }
+    fx_run_free(&full);
+}
+
 int main(void)
 {
     char msg[512];
@@ -349,6 +461,7 @@ int main(void)
     whole_budget(&full);
     chunked(&full, quarter);
     f16_storage(&full);
+    kivi_storage();
 
     for (int i = 0; i < n_policies; i++)
         fx_run_free(&quarter[i]);

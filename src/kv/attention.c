@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/kernels.h"
+#include "core/kernels_kivi.h"
 
 /* Per-thread buffers: a score row, f32 copies of F16 rows, and a partial column-sum block. */
 struct kvs_attn_scratch {
@@ -32,37 +33,65 @@ typedef struct task {
     int hd, group, max_count;
 } task;
 
-/* KIVI keys: per group, w = q * scale per channel and c = q . min, so that a quantised key's
- * dot product is w . codes + c, computed from the codes without a float copy of the key. */
+/* The scores of key group g of a KIVI head (v) against q, into out (one per token of the
+ * group); returns the group's size. Per group qs = q * scale and sum q * min are computed once,
+ * then the kernel sums qs over the channel-major codes of all the group's tokens at once. */
+static int kivi_group_scores(const kvs_kivi_view *v, int g, const float *q, int hd, int bits,
+                             float *qs, float *out)
+{
+    const int first = v->g_first[g], n = (g + 1 < v->ng ? v->g_first[g + 1] : v->nqk) - first;
+    const float bias = kvs_kivi_key_prep(q, v->g_sm + (size_t)2 * hd * g, hd, qs);
+    kvs_kivi_key_scores(v->kcodes + (size_t)first * v->kcode_bytes, n, hd, bits, qs, bias, out);
+    return n;
+}
+
 static void scores_row_kivi(const kvs_store *s, int layer, int kvh, const float *q,
                             const int *sel, int n, float scale, float *scores)
 {
-    const int hd = kvs_store_cfg(s)->head_dim, bits = kvs_store_kivi(s)->k_bits;
+    const int hd = kvs_store_cfg(s)->head_dim;
+    const kvs_kivi_cfg *k = kvs_store_kivi(s);
     kvs_kivi_view v;
     kvs_store_kivi_view(s, layer, kvh, &v);
-    float w[hd], c = 0.0f;
-    int g = -1, end = 0; /* slots before end belong to groups <= g */
+    float qsc[hd], qs[hd], tmp[k->group];
+    for (int d = 0; d < hd; d++) /* the 1/sqrt(d) scale folded into the query */
+        qsc[d] = q[d] * scale;
+    if (!sel) {
+        const int nq = n < v.nqk ? n : v.nqk;
+        for (int g = 0; g < v.ng && v.g_first[g] < nq; g++) {
+            const int first = v.g_first[g];
+            const int gn = kivi_group_scores(&v, g, qsc, hd, k->k_bits, qs, tmp);
+            memcpy(scores + first, tmp, sizeof(float) * (size_t)(first + gn <= nq ? gn : nq - first));
+        }
+        for (int j = nq; j < n; j++)
+            scores[j] = kvs_dot_f16_f32(v.kres + (size_t)(j - v.nqk) * hd, q, hd) * scale;
+        return;
+    }
+    int g = -1, first = 0, end = 0; /* the group whose scores tmp holds */
     for (int j = 0; j < n; j++) {
-        const int slot = sel ? sel[j] : j;
-        const char *row = v.keys + (size_t)slot * v.row_bytes;
+        const int slot = sel[j];
         if (slot >= v.nqk) {
-            scores[j] = kvs_dot_f16_f32((const uint16_t *)(const void *)row, q, hd) * scale;
+            scores[j] = kvs_dot_f16_f32(v.kres + (size_t)(slot - v.nqk) * hd, q, hd) * scale;
             continue;
         }
-        if (slot >= end) {
-            while (slot >= end)
-                end += v.g_n[++g];
-            const uint16_t *sm = v.g_sm + (size_t)2 * hd * g;
-            c = 0.0f;
-            for (int d = 0; d < hd; d++) {
-                w[d] = q[d] * kvs_fp16_to_fp32(sm[d]);
-                c += q[d] * kvs_fp16_to_fp32(sm[hd + d]);
+        if (g < 0 || slot < first || slot >= end) {
+            int lo = 0, hi = v.ng; /* the last group starting at or before slot */
+            while (hi - lo > 1) {
+                const int mid = (lo + hi) / 2;
+                if (v.g_first[mid] <= slot)
+                    lo = mid;
+                else
+                    hi = mid;
             }
+            g = lo;
+            first = v.g_first[g];
+            end = first + kivi_group_scores(&v, g, qsc, hd, k->k_bits, qs, tmp);
         }
-        scores[j] = (kvs_dot_kivi_codes((const uint8_t *)row, bits, w, hd) + c) * scale;
+        scores[j] = tmp[slot - first];
     }
 }
 
+/* KIVI values: each quantised row adds (p * scale) * codes, its p * min summed per channel
+ * group and added once at the end (kvs_kivi_value_acc). */
 static void weighted_values_kivi(const kvs_store *s, int layer, int kvh, const float *p,
                                  const int *sel, int n, float *out)
 {
@@ -70,14 +99,25 @@ static void weighted_values_kivi(const kvs_store *s, int layer, int kvh, const f
     const kvs_kivi_cfg *k = kvs_store_kivi(s);
     kvs_kivi_view v;
     kvs_store_kivi_view(s, layer, kvh, &v);
+    float msum[hd];
+    memset(msum, 0, sizeof msum);
+    if (!sel) { /* the quantised rows are the prefix [0, nqv): one pass over them */
+        const int nq = n < v.nqv ? n : v.nqv;
+        kvs_kivi_value_rows(out, msum, v.vcodes, v.vrow_bytes, p, nq, hd, k->v_bits, k->group);
+        for (int j = nq; j < n; j++)
+            kvs_axpy_f16(out, p[j], v.vres + (size_t)(j - v.nqv) * hd, hd);
+        kvs_kivi_value_finish(out, msum, hd, k->group);
+        return;
+    }
     for (int j = 0; j < n; j++) {
         const int slot = sel ? sel[j] : j;
-        const char *row = v.values + (size_t)slot * v.row_bytes;
         if (slot < v.nqv)
-            kvs_axpy_kivi_value(out, p[j], (const uint8_t *)row, hd, k->v_bits, k->group);
+            kvs_kivi_value_acc(out, msum, v.vcodes + (size_t)slot * v.vrow_bytes, p[j], hd,
+                               k->v_bits, k->group);
         else
-            kvs_axpy_f16(out, p[j], (const uint16_t *)(const void *)row, hd);
+            kvs_axpy_f16(out, p[j], v.vres + (size_t)(slot - v.nqv) * hd, hd);
     }
+    kvs_kivi_value_finish(out, msum, hd, k->group);
 }
 
 /* Dot products with keys stored as F32, F16 or KIVI codes. */
@@ -229,6 +269,18 @@ static kvs_status matmul_failed(kvs_status st, const char *what, int layer, kvs_
                           kvs_status_name(st));
 }
 
+/* A KIVI layer with nothing quantised: its residual rows are plain F16 rows. */
+static int kivi_all_f16(const kvs_store *s, int layer)
+{
+    for (int h = 0; h < kvs_store_cfg(s)->n_kv_heads; h++) {
+        kvs_kivi_view v;
+        kvs_store_kivi_view(s, layer, h, &v);
+        if (v.nqk || v.nqv)
+            return 0;
+    }
+    return 1;
+}
+
 static kvs_status attend_gemm(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_attn_args *a,
                               const task *t, kvs_error *err)
 {
@@ -239,6 +291,8 @@ static kvs_status attend_gemm(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_at
         const int count = kvs_store_count(s, a->layer, kvh);
         const int32_t *pos = kvs_store_pos(s, a->layer, kvh);
         size_t need = (size_t)rows * hd * 2 + (size_t)rows * count + (size_t)hd * count + n;
+        if (kvs_store_kivi(s)) /* room for a dequantised copy of the keys */
+            need += (size_t)hd * count;
         kvs_status st = reserve_gemm(sc, need, err);
         if (st != KVS_OK)
             return st;
@@ -261,16 +315,27 @@ static kvs_status attend_gemm(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_at
             visible[i] = lo;
         }
         const char *values = kvs_store_values(s, a->layer, kvh);
+        const int kivi = kvs_store_kivi(s) && !kivi_all_f16(s, a->layer);
         for (int j = 0; j < count; j++) {
             float v[hd];
-            if (cfg->type == KVS_F32)
+            if (kivi)
+                kvs_store_value_f32(s, a->layer, kvh, j, v);
+            else if (cfg->type == KVS_F32)
                 memcpy(v, values + (size_t)j * hd * 4, sizeof(float) * hd);
             else
                 kvs_dequantize_row(KVS_F16, values + (size_t)j * hd * 2, v, hd);
             for (int d = 0; d < hd; d++)
                 VT[(size_t)d * count + j] = v[d];
         }
-        st = kvs_matmul(pool, S, Q, kvs_store_keys(s, a->layer, kvh), cfg->type, rows, hd, count);
+        const void *keys = kvs_store_keys(s, a->layer, kvh);
+        kvs_dtype ktype = cfg->type;
+        if (kivi) { /* a prompt batch over quantised keys: one dequantised copy per batch */
+            float *K = (float *)(visible + n);
+            kvs_store_keys_f32(s, a->layer, kvh, K);
+            keys = K;
+            ktype = KVS_F32;
+        }
+        st = kvs_matmul(pool, S, Q, keys, ktype, rows, hd, count);
         if (st != KVS_OK)
             return matmul_failed(st, "attention scores", a->layer, err);
         gemm_softmax gs = {a, sc, S, visible, rows, n, count, kvh * group,
@@ -286,18 +351,6 @@ static kvs_status attend_gemm(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_at
                        O + ((size_t)g * n + i) * hd, sizeof(float) * hd);
     }
     return KVS_OK;
-}
-
-/* A KIVI layer with nothing quantised, in rows of exactly head_dim F16 elements. */
-static int kivi_all_f16(const kvs_store *s, int layer)
-{
-    for (int h = 0; h < kvs_store_cfg(s)->n_kv_heads; h++) {
-        kvs_kivi_view v;
-        kvs_store_kivi_view(s, layer, h, &v);
-        if (v.nqk || v.nqv || v.row_bytes != (size_t)kvs_store_cfg(s)->head_dim * 2)
-            return 0;
-    }
-    return 1;
 }
 
 /* Below this many query rows the per-row dot-product path is cheaper than the products. */
@@ -327,11 +380,11 @@ kvs_status kvs_attention(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_attn_ar
         sc->per_thread = want;
         sc->n_threads = nth;
     }
-    /* KIVI stores take the per-row path, whose kernels read the codes directly (no float
-     * copy of the keys for a matrix product), unless nothing of the layer is quantised yet
-     * (a first prompt batch, which is flushed after its attention): that is plain F16. */
-    if (a->n >= KVS_ATTN_GEMM_MIN_ROWS && !a->sel && !a->probs &&
-        (!kvs_store_kivi(a->store) || kivi_all_f16(a->store, a->layer))) {
+    /* Decode takes the per-row path, whose KIVI kernels read the codes directly; a prompt
+     * batch over a KIVI store takes the matrix products on a dequantised copy of the head's
+     * keys and values (made once per batch of many rows), or on its F16 rows while nothing of
+     * the layer is quantised yet (a first prompt batch, flushed after its attention). */
+    if (a->n >= KVS_ATTN_GEMM_MIN_ROWS && !a->sel && !a->probs) {
         kvs_status st = attend_gemm(pool, sc, a, &t, err);
         if (st != KVS_OK)
             return st;

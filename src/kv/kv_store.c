@@ -6,21 +6,34 @@
 
 #include "core/debug.h"
 #include "core/kernels.h"
+#include "core/kernels_kivi.h"
 #include "core/number.h"
 
 /* Live slots occupy rows [start, start + count) of arrays of cap rows. A free prefix lets a
  * removal near the front move the few slots before it instead of the long tail after it. Every
  * array of a head lives in one block, so that a resize is one allocation: it either happens
  * whole or not at all, and a failed one leaves the head exactly as it was. */
-/* KIVI state of a head (kivi.h). Live slots [0, nqk) hold key codes, [nqk, count) fp16 keys;
- * [0, nqv) value code rows, [nqv, count) fp16 values. The quantised keys form ng groups of
- * consecutive slots, g_n[i] live slots each, with fp16 scale[head_dim] then min[head_dim] at
- * g_sm + 2 * head_dim * i. Eviction only shrinks a group: the survivors keep their codes and
- * the group its scale and min, so their values do not change; an emptied group is dropped. */
+/* KIVI state of a head (kivi.h, minicache.md §2.10). The F16 rows of the store are not used
+ * (row_bytes is 0): a KIVI head holds only what §3.2 counts, in byte arrays of its own.
+ *  - kc: the quantised key groups, one after another. Group g holds live slots
+ *    [first[g], first[g + 1]) (the last ends at nqk), n tokens, in n * kcode_bytes bytes at
+ *    first[g] * kcode_bytes, channel-major: channel c's code of the group's token j is at bit
+ *    (c * n + j) * k_bits (kernels_kivi.h). gsm: per group fp16 scale[hd] then min[hd].
+ *  - kr: fp16 key rows of the residual, slots [nqk, count).
+ *  - vc: value code rows (vrow_bytes: codes, then fp16 scale and min per channel group) of
+ *    slots [0, nqv); vr: fp16 value rows of the residual, slots [nqv, count).
+ * Eviction moves codes and never re-quantises: a group keeps its scale and min and only its
+ * surviving tokens' codes, repacked to the group's new size (so bytes follow the live tokens);
+ * an emptied group is dropped. The survivors therefore dequantise to exactly what they did
+ * before (re-quantising a group from dequantised values would shift the others' values). */
+typedef struct kbuf {
+    char *p;
+    size_t off, len, cap; /* live bytes [off, off + len) of cap */
+} kbuf;
+
 typedef struct kivi_head {
-    int nqk, nqv, ng, gcap;
-    int *g_n;
-    uint16_t *g_sm;
+    kbuf kc, gsm, gfirst, kr, vc, vr; /* gfirst: ng ints */
+    int nqk, nqv, ng;
 } kivi_head;
 
 typedef struct store_head {
@@ -66,10 +79,10 @@ kvs_store *kvs_store_new(const kvs_store_config *cfg)
 
 static void head_release(store_head *h)
 {
+    kivi_head kq = h->kq; /* a KIVI head's data outlives its (pos, metadata) block */
     free(h->block);
-    free(h->kq.g_n);
-    free(h->kq.g_sm);
     memset(h, 0, sizeof *h);
+    h->kq = kq;
 }
 
 /* The invariants of a head, checked after every change in debug builds: live rows inside the
@@ -94,11 +107,15 @@ void kvs_store_free(kvs_store *s)
     free(s);
 }
 
+static void kivi_release(kivi_head *k);
+
 void kvs_store_clear(kvs_store *s)
 {
     size_t n = (size_t)s->cfg.n_layers * s->cfg.n_kv_heads;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         head_release(&s->heads[i]);
+        kivi_release(&s->heads[i].kq);
+    }
 }
 
 const kvs_store_config *kvs_store_cfg(const kvs_store *s) { return &s->cfg; }
@@ -110,15 +127,21 @@ const int32_t *kvs_store_pos(const kvs_store *s, int layer, int head)
     return h->pos ? h->pos + h->start : NULL;
 }
 
+static char *kb_data(const kbuf *b);
+
 const void *kvs_store_keys(const kvs_store *s, int layer, int head)
 {
     const store_head *h = head_at(s, layer, head);
+    if (s->kivi.k_bits)
+        return kb_data(&h->kq.kr);
     return h->keys ? h->keys + (size_t)h->start * s->row_bytes : NULL;
 }
 
 const void *kvs_store_values(const kvs_store *s, int layer, int head)
 {
     const store_head *h = head_at(s, layer, head);
+    if (s->kivi.k_bits)
+        return kb_data(&h->kq.vr);
     return h->values ? h->values + (size_t)h->start * s->row_bytes : NULL;
 }
 
@@ -136,29 +159,166 @@ static void row_to_f32(const kvs_store *s, const char *row, float *out)
         kvs_dequantize_row(KVS_F16, row, out, s->cfg.head_dim);
 }
 
-/* The quantised key group holding live slot `slot` (< nqk) and the slot it starts at. */
-static int key_group(const kivi_head *k, int slot, int *first)
+/* ---- byte arrays of a KIVI head: amortised growth, a free prefix for dropping the front ---- */
+
+static char *kb_data(const kbuf *b) { return b->p ? b->p + b->off : NULL; }
+
+static void kb_free(kbuf *b)
 {
-    int g = 0, at = 0;
-    while (at + k->g_n[g] <= slot)
-        at += k->g_n[g++];
-    *first = at;
-    return g;
+    free(b->p);
+    memset(b, 0, sizeof *b);
 }
+
+/* Room for `more` bytes after the live ones. Moves the live bytes to the front when that
+ * leaves a quarter of the array free, else grows to 1.5 times what is needed: either way the
+ * next move is at least a third of the live size of appends away, so appending is amortised
+ * O(1) per byte, and the slack stays at most half the live size. -1 (the array unchanged) if
+ * the memory is not there. */
+static int kb_reserve(kbuf *b, size_t more)
+{
+    if (b->off + b->len + more <= b->cap)
+        return 0;
+    if (b->len + more <= b->cap - b->cap / 4) {
+        memmove(b->p, b->p + b->off, b->len);
+        b->off = 0;
+        return 0;
+    }
+    size_t cap = b->len + more + (b->len + more) / 2;
+    cap = cap < 256 ? 256 : cap;
+    char *p = malloc(cap);
+    if (!p)
+        return -1;
+    if (b->len)
+        memcpy(p, b->p + b->off, b->len);
+    free(b->p);
+    b->p = p;
+    b->off = 0;
+    b->cap = cap;
+    return 0;
+}
+
+/* n more live bytes (reserved), returned for the caller to fill. */
+static char *kb_grow(kbuf *b, size_t n)
+{
+    KVS_ASSERT(b->off + b->len + n <= b->cap);
+    char *at = b->p + b->off + b->len;
+    b->len += n;
+    return at;
+}
+
+static void kb_drop_front(kbuf *b, size_t n)
+{
+    KVS_ASSERT(n <= b->len);
+    b->off += n;
+    b->len -= n;
+    if (b->len == 0)
+        b->off = 0;
+}
+
+/* Gives memory back once half the array is free, keeping room for `keep` bytes
+ * (what the array soon holds again: a residual refills to R rows), so that a residual does not
+ * shrink and regrow every R tokens. Optional: a failed allocation leaves the array as it was. */
+static void kb_shrink(kbuf *b, size_t keep)
+{
+    const size_t want = b->len > keep ? b->len : keep, cap = want + want / 2;
+    if (b->cap <= 4096 || b->cap <= 2 * want)
+        return;
+    if (want == 0) {
+        kb_free(b);
+        return;
+    }
+    char *p = malloc(cap);
+    if (!p)
+        return;
+    if (b->len)
+        memcpy(p, b->p + b->off, b->len);
+    free(b->p);
+    b->p = p;
+    b->off = 0;
+    b->cap = cap;
+}
+
+static void kivi_release(kivi_head *k)
+{
+    kb_free(&k->kc);
+    kb_free(&k->gsm);
+    kb_free(&k->gfirst);
+    kb_free(&k->kr);
+    kb_free(&k->vc);
+    kb_free(&k->vr);
+    memset(k, 0, sizeof *k);
+}
+
+static const int *kivi_first(const kivi_head *k) { return (const int *)(const void *)kb_data(&k->gfirst); }
+
+/* One past the last live slot of key group g. */
+static int group_end(const kivi_head *k, int g)
+{
+    return g + 1 < k->ng ? kivi_first(k)[g + 1] : k->nqk;
+}
+
+/* The key group holding quantised slot `slot` (< nqk): a binary search, O(log groups). */
+static int key_group(const kivi_head *k, int slot)
+{
+    const int *first = kivi_first(k);
+    int lo = 0, hi = k->ng; /* the last group with first <= slot */
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (first[mid] <= slot)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static size_t f16_row(const kvs_store *s) { return (size_t)s->cfg.head_dim * 2; }
 
 static void kivi_key_f32(const kvs_store *s, const store_head *h, int slot, float *out)
 {
-    const int hd = s->cfg.head_dim;
-    const char *row = h->keys + (size_t)(h->start + slot) * s->row_bytes;
-    if (slot >= h->kq.nqk) {
-        kvs_dequantize_row(KVS_F16, row, out, hd);
+    const int hd = s->cfg.head_dim, b = s->kivi.k_bits;
+    const kivi_head *k = &h->kq;
+    if (slot >= k->nqk) {
+        kvs_dequantize_row(KVS_F16, kb_data(&k->kr) + (size_t)(slot - k->nqk) * f16_row(s), out,
+                           hd);
         return;
     }
-    int first;
-    const uint16_t *sm = h->kq.g_sm + (size_t)2 * hd * key_group(&h->kq, slot, &first);
-    for (int d = 0; d < hd; d++)
-        out[d] = (float)kvs_kivi_get((const uint8_t *)row, s->kivi.k_bits, d) *
-                     kvs_fp16_to_fp32(sm[d]) + kvs_fp16_to_fp32(sm[hd + d]);
+    const int g = key_group(k, slot), first = kivi_first(k)[g], n = group_end(k, g) - first;
+    const uint8_t *codes = (const uint8_t *)kb_data(&k->kc) + (size_t)first * s->kcode_bytes;
+    const uint16_t *sm = (const uint16_t *)(const void *)kb_data(&k->gsm) + (size_t)2 * hd * g;
+    float sc[hd], mn[hd];
+    kvs_dequantize_row(KVS_F16, sm, sc, hd);
+    kvs_dequantize_row(KVS_F16, sm + hd, mn, hd);
+    for (int c = 0; c < hd; c++)
+        out[c] = (float)kvs_kivi_get(codes, b, c * n + slot - first) * sc[c] + mn[c];
+}
+
+void kvs_store_keys_f32(const kvs_store *s, int layer, int head, float *out)
+{
+    const store_head *h = head_at(s, layer, head);
+    if (!s->kivi.k_bits) {
+        for (int i = 0; i < h->count; i++)
+            kvs_store_key_f32(s, layer, head, i, out + (size_t)i * s->cfg.head_dim);
+        return;
+    }
+    /* Group by group: its scale and min converted once, its codes read in order. */
+    const kivi_head *k = &h->kq;
+    const int hd = s->cfg.head_dim, b = s->kivi.k_bits;
+    float sc[hd], mn[hd];
+    for (int g = 0; g < k->ng; g++) {
+        const int first = kivi_first(k)[g], n = group_end(k, g) - first;
+        const uint8_t *codes = (const uint8_t *)kb_data(&k->kc) + (size_t)first * s->kcode_bytes;
+        const uint16_t *sm = (const uint16_t *)(const void *)kb_data(&k->gsm) + (size_t)2 * hd * g;
+        kvs_dequantize_row(KVS_F16, sm, sc, hd);
+        kvs_dequantize_row(KVS_F16, sm + hd, mn, hd);
+        float *o = out + (size_t)first * hd;
+        for (int c = 0; c < hd; c++)
+            for (int j = 0; j < n; j++)
+                o[(size_t)j * hd + c] = (float)kvs_kivi_get(codes, b, c * n + j) * sc[c] + mn[c];
+    }
+    if (h->count > k->nqk)
+        kvs_dequantize_row(KVS_F16, kb_data(&k->kr), out + (size_t)k->nqk * hd,
+                           (int64_t)(h->count - k->nqk) * hd);
 }
 
 void kvs_store_key_f32(const kvs_store *s, int layer, int head, int slot, float *out)
@@ -172,27 +332,37 @@ void kvs_store_key_f32(const kvs_store *s, int layer, int head, int slot, float 
 
 void kvs_store_value_f32(const kvs_store *s, int layer, int head, int slot, float *out)
 {
-    const char *row = (const char *)kvs_store_values(s, layer, head) + (size_t)slot * s->row_bytes;
-    if (s->kivi.k_bits && slot < head_at(s, layer, head)->kq.nqv)
-        kvs_kivi_dequantize_value_row((const uint8_t *)row, s->cfg.head_dim, s->kivi.v_bits,
-                                      s->kivi.group, out);
-    else
-        row_to_f32(s, row, out);
+    if (s->kivi.k_bits) {
+        const kivi_head *k = &head_at(s, layer, head)->kq;
+        if (slot < k->nqv)
+            kvs_kivi_dequantize_value_row((const uint8_t *)kb_data(&k->vc) +
+                                              (size_t)slot * s->vrow_bytes,
+                                          s->cfg.head_dim, s->kivi.v_bits, s->kivi.group, out);
+        else
+            kvs_dequantize_row(KVS_F16, kb_data(&k->vr) + (size_t)(slot - k->nqv) * f16_row(s),
+                               out, s->cfg.head_dim);
+        return;
+    }
+    row_to_f32(s, (const char *)kvs_store_values(s, layer, head) + (size_t)slot * s->row_bytes,
+               out);
 }
 
 const kvs_kivi_cfg *kvs_store_kivi(const kvs_store *s) { return s->kivi.k_bits ? &s->kivi : NULL; }
 
 void kvs_store_kivi_view(const kvs_store *s, int layer, int head, kvs_kivi_view *v)
 {
-    const store_head *h = head_at(s, layer, head);
-    v->keys = kvs_store_keys(s, layer, head);
-    v->values = kvs_store_values(s, layer, head);
-    v->row_bytes = s->row_bytes;
-    v->nqk = h->kq.nqk;
-    v->nqv = h->kq.nqv;
-    v->ng = h->kq.ng;
-    v->g_n = h->kq.g_n;
-    v->g_sm = h->kq.g_sm;
+    const kivi_head *k = &head_at(s, layer, head)->kq;
+    v->kcodes = (const uint8_t *)kb_data(&k->kc);
+    v->g_sm = (const uint16_t *)(const void *)kb_data(&k->gsm);
+    v->g_first = kivi_first(k);
+    v->kres = (const uint16_t *)(const void *)kb_data(&k->kr);
+    v->vcodes = (const uint8_t *)kb_data(&k->vc);
+    v->vres = (const uint16_t *)(const void *)kb_data(&k->vr);
+    v->kcode_bytes = s->kcode_bytes;
+    v->vrow_bytes = s->vrow_bytes;
+    v->nqk = k->nqk;
+    v->nqv = k->nqv;
+    v->ng = k->ng;
 }
 
 kvs_status kvs_store_set_kivi(kvs_store *s, const kvs_kivi_cfg *k, kvs_error *err)
@@ -200,57 +370,53 @@ kvs_status kvs_store_set_kivi(kvs_store *s, const kvs_kivi_cfg *k, kvs_error *er
     if (s->cfg.type != KVS_F16 || kvs_store_total_slots(s) != 0)
         return kvs_fail(err, KVS_ERR_ARG, "KIVI storage needs an empty F16 store");
     const int hd = s->cfg.head_dim;
+    /* A token's key codes are whole bytes, so that groups of any size sit at byte offsets
+     * (true for every head_dim a model has: a multiple of 8). */
+    if ((size_t)hd * k->k_bits % 8)
+        return kvs_fail(err, KVS_ERR_UNSUPPORTED, "KIVI kbits=%d needs head_dim * kbits to be "
+                        "a multiple of 8 (head_dim is %d)", k->k_bits, hd);
     s->kivi = *k;
-    s->kcode_bytes = ((size_t)hd * k->k_bits + 7) / 8;
+    s->kcode_bytes = (size_t)hd * k->k_bits / 8;
     s->vrow_bytes = kvs_kivi_value_row_bytes(hd, k->v_bits, k->group);
-    /* A row holds an fp16 vector or codes, whichever is larger. */
-    s->row_bytes = (size_t)hd * 2;
-    if (s->vrow_bytes > s->row_bytes)
-        s->row_bytes = s->vrow_bytes;
-    if (s->kcode_bytes > s->row_bytes)
-        s->row_bytes = s->kcode_bytes;
-    s->row_bytes = (s->row_bytes + 3) & ~(size_t)3; /* fp16 rows stay aligned */
+    s->row_bytes = 0; /* keys and values live in the KIVI arrays, not in the slot rows */
     return KVS_OK;
 }
 
-/* Makes room for `more` key groups. Leaves the head usable on failure. */
-static int kivi_reserve(const kvs_store *s, kivi_head *k, int more)
+/* Makes room for everything an append of n tokens and the flushes before and after it write,
+ * so that neither the append's copy nor a flush can fail. Only capacity changes. */
+static int kivi_reserve(const kvs_store *s, kivi_head *k, int count, int n)
 {
-    if (k->ng + more <= k->gcap)
-        return 0;
-    const int cap = k->ng + more + 8;
-    int *n = realloc(k->g_n, sizeof *n * (size_t)cap);
-    if (!n)
-        return -1;
-    k->g_n = n;
-    uint16_t *sm = realloc(k->g_sm, sizeof *sm * 2 * (size_t)s->cfg.head_dim * (size_t)cap);
-    if (!sm)
-        return -1;
-    k->g_sm = sm;
-    k->gcap = cap;
-    return 0;
+    const int G = s->kivi.group, R = s->kivi.residual, hd = s->cfg.head_dim;
+    const size_t keys = (size_t)(count + n - k->nqk) / R * R, groups = keys / G;
+    const int vals = count + n - R - k->nqv;
+    return kb_reserve(&k->kc, keys * s->kcode_bytes) ||
+           kb_reserve(&k->gsm, groups * 4 * (size_t)hd) ||
+           kb_reserve(&k->gfirst, groups * sizeof(int)) ||
+           kb_reserve(&k->vc, vals > 0 ? (size_t)vals * s->vrow_bytes : 0) ||
+           kb_reserve(&k->kr, (size_t)n * f16_row(s)) || kb_reserve(&k->vr, (size_t)n * f16_row(s));
 }
 
-/* Quantises the keys of live slots [a, a + n) (fp16 now) into one new group (room reserved). */
-static void kivi_quantize_keys(const kvs_store *s, store_head *h, int a, int n)
+/* Quantises the oldest n residual keys (slots nqk..) into one new group (room reserved). */
+static void kivi_quantize_keys(const kvs_store *s, kivi_head *k, int n)
 {
     const int hd = s->cfg.head_dim, b = s->kivi.k_bits;
     float x[n * hd];
-    for (int i = 0; i < n; i++)
-        kvs_dequantize_row(KVS_F16, h->keys + (size_t)(h->start + a + i) * s->row_bytes,
-                           x + (size_t)i * hd, hd);
-    kivi_head *k = &h->kq;
-    KVS_ASSERT(k->ng < k->gcap); /* reserved by the append that brought the tokens */
-    uint16_t *sm = k->g_sm + (size_t)2 * hd * k->ng;
-    for (int d = 0; d < hd; d++)
-        kvs_kivi_params(x + d, n, hd, b, &sm[d], &sm[hd + d]);
-    for (int i = 0; i < n; i++) {
-        uint8_t *row = (uint8_t *)h->keys + (size_t)(h->start + a + i) * s->row_bytes;
-        memset(row, 0, s->kcode_bytes);
-        for (int d = 0; d < hd; d++)
-            kvs_kivi_set(row, b, d, kvs_kivi_code(x[(size_t)i * hd + d], sm[d], sm[hd + d], b));
+    kvs_dequantize_row(KVS_F16, kb_data(&k->kr), x, (int64_t)n * hd);
+    uint16_t *sm = (uint16_t *)(void *)kb_grow(&k->gsm, (size_t)4 * hd);
+    for (int c = 0; c < hd; c++)
+        kvs_kivi_params(x + c, n, hd, b, &sm[c], &sm[hd + c]);
+    uint8_t *codes = (uint8_t *)kb_grow(&k->kc, (size_t)n * s->kcode_bytes);
+    memset(codes, 0, (size_t)n * s->kcode_bytes);
+    for (int c = 0; c < hd; c++) {
+        const float sc = kvs_fp16_to_fp32(sm[c]), mn = kvs_fp16_to_fp32(sm[hd + c]);
+        for (int j = 0; j < n; j++)
+            kvs_kivi_set(codes, b, c * n + j, kvs_kivi_code_f(x[(size_t)j * hd + c], sc, mn, b));
     }
-    k->g_n[k->ng++] = n;
+    int *first = (int *)(void *)kb_grow(&k->gfirst, sizeof(int));
+    *first = k->nqk;
+    k->ng++;
+    k->nqk += n;
+    kb_drop_front(&k->kr, (size_t)n * f16_row(s));
 }
 
 /* The flush rules of §2.10: keys leave the residual R at a time once it holds R (so a prefill
@@ -259,77 +425,104 @@ static void kivi_flush(const kvs_store *s, store_head *h)
 {
     const int G = s->kivi.group, R = s->kivi.residual, hd = s->cfg.head_dim;
     kivi_head *k = &h->kq;
-    while (h->count - k->nqk >= R) {
+    while (h->count - k->nqk >= R)
         for (int a = 0; a < R; a += G)
-            kivi_quantize_keys(s, h, k->nqk + a, G);
-        k->nqk += R;
-    }
+            kivi_quantize_keys(s, k, G);
     float x[hd];
     while (h->count - k->nqv > R) {
-        uint8_t *row = (uint8_t *)h->values + (size_t)(h->start + k->nqv) * s->row_bytes;
-        kvs_dequantize_row(KVS_F16, row, x, hd);
-        kvs_kivi_quantize_value_row(x, hd, s->kivi.v_bits, G, row);
+        kvs_dequantize_row(KVS_F16, kb_data(&k->vr), x, hd);
+        kvs_kivi_quantize_value_row(x, hd, s->kivi.v_bits, G,
+                                    (uint8_t *)kb_grow(&k->vc, s->vrow_bytes));
+        kb_drop_front(&k->vr, f16_row(s));
         k->nqv++;
     }
 }
 
 void kvs_store_kivi_flush(kvs_store *s, int layer)
 {
-    for (int h = 0; s->kivi.k_bits && h < s->cfg.n_kv_heads; h++)
+    for (int h = 0; s->kivi.k_bits && h < s->cfg.n_kv_heads; h++) {
+        kivi_head *k = &head_at(s, layer, h)->kq;
         kivi_flush(s, head_at(s, layer, h));
+        /* A prompt batch passed through the residuals: give back what they no longer hold.
+         * (Not in the flush an append runs first: that would undo the append's reserve.) */
+        kb_shrink(&k->kr, (size_t)s->kivi.residual * f16_row(s));
+        kb_shrink(&k->vr, (size_t)(s->kivi.residual + 1) * f16_row(s));
+    }
 }
 
-/* Drops emptied key groups. */
-static void kivi_compact_groups(const kvs_store *s, kivi_head *k)
+/* The old slot of kept slot i: slots[i], or with no list every slot but `skip`. */
+static int kept_at(const int *slots, int skip, int i) { return slots ? slots[i] : i + (i >= skip); }
+
+/* Moves the kept rows of an array of rows [0, rows) to the front, in order (kept[i] - base
+ * for the kept slots i in [i0, i1), all in range). */
+static void keep_rows(kbuf *b, size_t row, const int *slots, int skip, int i0, int i1, int base)
 {
-    const size_t w = (size_t)2 * s->cfg.head_dim;
-    int j = 0;
-    for (int i = 0; i < k->ng; i++) {
-        if (k->g_n[i] == 0)
+    char *p = kb_data(b);
+    for (int i = i0, j; i < i1; i = j) {
+        const int from = kept_at(slots, skip, i) - base, to = i - i0;
+        for (j = i + 1; j < i1 && kept_at(slots, skip, j) - base == from + (j - i);)
+            j++; /* one memmove per run of consecutive kept rows */
+        if (from != to)
+            memmove(p + (size_t)to * row, p + (size_t)from * row, (size_t)(j - i) * row);
+    }
+    b->len = (size_t)(i1 - i0) * row;
+}
+
+/* The KIVI part of keeping n slots (kept_at), before the slot rows move. Key groups: each
+ * survivor's codes move, bit by bit within its group (a group untouched moves whole), to the
+ * group's new place and size; the group keeps its scale and min. Writing in place is safe: a
+ * code is written at a bit index no higher than the one it was read from, and every later
+ * read is at a higher index. */
+static void kivi_keep(const kvs_store *s, store_head *h, const int *slots, int skip, int n)
+{
+    kivi_head *k = &h->kq;
+    const int hd = s->cfg.head_dim, b = s->kivi.k_bits;
+    const size_t smb = (size_t)4 * hd;
+    uint8_t *kc = (uint8_t *)kb_data(&k->kc);
+    char *sm = kb_data(&k->gsm);
+    int *first = (int *)(void *)kb_data(&k->gfirst);
+    int i = 0, ng = 0, nq = 0;
+    for (int g = 0; g < k->ng; g++) {
+        const int f = first[g], gn = group_end(k, g) - f, i0 = i;
+        while (i < n && kept_at(slots, skip, i) < f + gn)
+            i++;
+        const int m = i - i0;
+        if (m == 0)
             continue;
-        if (i != j) {
-            k->g_n[j] = k->g_n[i];
-            memmove(k->g_sm + w * j, k->g_sm + w * i, w * sizeof *k->g_sm);
+        uint8_t *src = kc + (size_t)f * s->kcode_bytes, *dst = kc + (size_t)nq * s->kcode_bytes;
+        if (m == gn) {
+            if (dst != src)
+                memmove(dst, src, (size_t)gn * s->kcode_bytes);
+        } else {
+            for (int c = 0; c < hd; c++)
+                for (int t = 0; t < m; t++)
+                    kvs_kivi_set(dst, b, c * m + t,
+                                 kvs_kivi_get(src, b, c * gn + kept_at(slots, skip, i0 + t) - f));
         }
-        j++;
+        if (ng != g)
+            memmove(sm + smb * ng, sm + smb * g, smb);
+        first[ng++] = nq; /* index ng <= g: group_end of a later group reads first[g + 1] */
+        nq += m;
     }
-    k->ng = j;
-}
-
-/* The KIVI bookkeeping of keeping the listed slots (before the rows move). */
-static void kivi_keep(const kvs_store *s, store_head *h, const int *slots, int n)
-{
-    kivi_head *k = &h->kq;
-    int nqk = 0, nqv = 0, g = 0, end = k->ng ? k->g_n[0] : 0;
-    int kept[k->ng > 0 ? k->ng : 1];
-    memset(kept, 0, sizeof kept);
-    for (int i = 0; i < n; i++) {
-        nqv += slots[i] < k->nqv;
-        if (slots[i] >= k->nqk)
-            continue;
-        while (slots[i] >= end)
-            end += k->g_n[++g];
-        kept[g]++;
-        nqk++;
-    }
-    for (int i = 0; i < k->ng; i++)
-        k->g_n[i] = kept[i];
-    k->nqk = nqk;
-    k->nqv = nqv;
-    kivi_compact_groups(s, k);
-}
-
-static void kivi_remove(const kvs_store *s, store_head *h, int slot)
-{
-    kivi_head *k = &h->kq;
-    if (slot < k->nqv)
-        k->nqv--;
-    if (slot < k->nqk) {
-        int first;
-        k->g_n[key_group(k, slot, &first)]--;
-        k->nqk--;
-        kivi_compact_groups(s, k);
-    }
+    const int old_nqk = k->nqk, old_nqv = k->nqv;
+    k->ng = ng;
+    k->nqk = nq;
+    k->kc.len = (size_t)nq * s->kcode_bytes;
+    k->gsm.len = smb * ng;
+    k->gfirst.len = sizeof(int) * ng;
+    keep_rows(&k->kr, f16_row(s), slots, skip, nq, n, old_nqk);
+    int nv = 0;
+    while (nv < n && kept_at(slots, skip, nv) < old_nqv)
+        nv++;
+    keep_rows(&k->vc, s->vrow_bytes, slots, skip, 0, nv, 0);
+    keep_rows(&k->vr, f16_row(s), slots, skip, nv, n, old_nqv);
+    k->nqv = nv;
+    kb_shrink(&k->kc, 0);
+    kb_shrink(&k->gsm, 0);
+    kb_shrink(&k->gfirst, 0);
+    kb_shrink(&k->kr, (size_t)s->kivi.residual * f16_row(s));
+    kb_shrink(&k->vc, 0);
+    kb_shrink(&k->vr, (size_t)(s->kivi.residual + 1) * f16_row(s));
 }
 
 /* Moves rows [from, from + n) to [to, to + n) in every array of a head. */
@@ -468,8 +661,8 @@ kvs_status kvs_store_append(kvs_store *s, int layer, int n, const float *k, cons
     }
     for (int h = 0; h < nkv && s->kivi.k_bits; h++) {
         store_head *H = head_at(s, layer, h);
-        if (kivi_reserve(s, &H->kq, (H->count + n - H->kq.nqk) / s->kivi.group) != 0)
-            return kvs_fail(err, KVS_ERR_NOMEM, "out of memory growing the KIVI key groups");
+        if (kivi_reserve(s, &H->kq, H->count, n) != 0)
+            return kvs_fail(err, KVS_ERR_NOMEM, "out of memory growing the KIVI KV cache");
     }
     /* What the last batch left in the residual (if the caller did not flush after its
      * attention) is quantised now, before the new tokens come in. */
@@ -499,7 +692,10 @@ kvs_status kvs_store_append(kvs_store *s, int layer, int n, const float *k, cons
         for (int i = 0; i < n; i++) {
             int slot = H->start + H->count + i;
             const float *kr = k + ((size_t)i * nkv + h) * hd, *vr = v + ((size_t)i * nkv + h) * hd;
-            if (s->cfg.type == KVS_F32) {
+            if (s->kivi.k_bits) { /* into the fp16 residuals (reserved above) */
+                kvs_quantize_row(KVS_F16, kr, kb_grow(&H->kq.kr, f16_row(s)), hd);
+                kvs_quantize_row(KVS_F16, vr, kb_grow(&H->kq.vr, f16_row(s)), hd);
+            } else if (s->cfg.type == KVS_F32) {
                 memcpy(H->keys + (size_t)slot * s->row_bytes, kr, s->row_bytes);
                 memcpy(H->values + (size_t)slot * s->row_bytes, vr, s->row_bytes);
             } else {
@@ -524,7 +720,7 @@ void kvs_store_keep(kvs_store *s, int layer, int head, const int *slots, int n)
                        KVS_ASSERT(slots[i] >= 0 && slots[i] < H->count &&
                                   (i == 0 || slots[i - 1] < slots[i]));)
     if (s->kivi.k_bits)
-        kivi_keep(s, H, slots, n);
+        kivi_keep(s, H, slots, 0, n);
     /* One contiguous run [a, b) removed (a sliding window, a single victim): move whichever
      * side is shorter. Otherwise compact slot by slot. */
     int a = 0;
@@ -558,7 +754,7 @@ void kvs_store_remove(kvs_store *s, int layer, int head, int slot)
     store_head *H = head_at(s, layer, head);
     KVS_ASSERT(slot >= 0 && slot < H->count);
     if (s->kivi.k_bits)
-        kivi_remove(s, H, slot);
+        kivi_keep(s, H, NULL, slot, H->count - 1);
     /* Move whichever side of the slot is shorter. */
     if (slot < H->count / 2) {
         move_rows(s, H, H->start + 1, H->start, slot);
@@ -643,15 +839,27 @@ size_t kvs_store_bytes(const kvs_store *s)
 {
     if (!s->kivi.k_bits)
         return (size_t)kvs_store_total_slots(s) * kvs_store_slot_bytes(s);
-    /* §3.2: codes, fp16 scale and min per group, the fp16 residual; plus, as for F32 and F16,
-     * each slot's position and metadata. */
-    const size_t hd = (size_t)s->cfg.head_dim, per_slot = 4 + (size_t)s->cfg.n_meta * 4;
+    /* §3.2: codes, fp16 scale and min per group, the fp16 residuals; plus the first slot of
+     * each key group (4 bytes per group, what locates it after evictions), and as for F32 and
+     * F16 each slot's position and metadata. Exactly the live bytes of the head's arrays. */
     size_t total = 0;
     for (size_t i = 0; i < (size_t)s->cfg.n_layers * s->cfg.n_kv_heads; i++) {
         const store_head *h = &s->heads[i];
-        const size_t c = (size_t)h->count, qk = (size_t)h->kq.nqk, qv = (size_t)h->kq.nqv;
-        total += qk * s->kcode_bytes + (size_t)h->kq.ng * hd * 4 + (c - qk) * hd * 2;
-        total += qv * s->vrow_bytes + (c - qv) * hd * 2 + c * per_slot;
+        const kivi_head *k = &h->kq;
+        total += k->kc.len + k->gsm.len + k->gfirst.len + k->kr.len + k->vc.len + k->vr.len +
+                 (size_t)h->count * kvs_store_slot_bytes(s);
+    }
+    return total;
+}
+
+size_t kvs_store_alloc_bytes(const kvs_store *s)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < (size_t)s->cfg.n_layers * s->cfg.n_kv_heads; i++) {
+        const store_head *h = &s->heads[i];
+        const kivi_head *k = &h->kq;
+        total += (h->cap ? block_bytes(s, h->cap) : 0) + k->kc.cap + k->gsm.cap +
+                 k->gfirst.cap + k->kr.cap + k->vc.cap + k->vr.cap;
     }
     return total;
 }

@@ -44,6 +44,9 @@ const void *kvs_store_keys(const kvs_store *s, int layer, int head);
 const void *kvs_store_values(const kvs_store *s, int layer, int head);
 void kvs_store_key_f32(const kvs_store *s, int layer, int head, int slot, float *out);
 void kvs_store_value_f32(const kvs_store *s, int layer, int head, int slot, float *out);
+/* Every key of a head as floats (count rows of head_dim): what kvs_store_key_f32 gives for each
+ * slot, for a KIVI store group by group. */
+void kvs_store_keys_f32(const kvs_store *s, int layer, int head, float *out);
 /* Metadata channel c of a head: count floats, moved along with the slots. */
 float *kvs_store_meta(kvs_store *s, int layer, int head, int c);
 
@@ -64,32 +67,42 @@ kvs_status kvs_store_shift(kvs_store *s, int layer, int head, const int32_t *new
                            const kvs_rope_cfg *rope, kvs_error *err);
 
 /* KIVI storage (kivi.h): called on an empty F16 store, makes it a KIVI store with these
- * parameters. The F16 rows then hold the residual; older keys and values are quantised. */
+ * parameters. It then holds only what minicache.md §3.2 counts (see kv_store.c); its fp16
+ * residual rows are what kvs_store_keys / kvs_store_values return (key slot nqk + i at row i,
+ * value slot nqv + i at row i). Fails if head_dim * k_bits is not a multiple of 8. */
 kvs_status kvs_store_set_kivi(kvs_store *s, const kvs_kivi_cfg *k, kvs_error *err);
 /* Quantises what the flush rules of §2.10 say of one layer's residual: keys R at a time once
  * it holds R (a prefill of N leaves N mod R), values once older than the newest R. Called after
  * attention, so that a batch attends to its own tokens exactly (as KIVI's prefill does); an
- * append flushes what an earlier batch left. No-op for F32 / F16 stores. */
+ * append flushes what an earlier batch left. Cannot fail (the append reserved the room). No-op
+ * for F32 / F16 stores. */
 void kvs_store_kivi_flush(kvs_store *s, int layer);
 /* The store's KIVI parameters, or NULL for an F32 / F16 store. */
 const kvs_kivi_cfg *kvs_store_kivi(const kvs_store *s);
-/* One head of a KIVI store, as attention reads it: live slots [0, nqk) hold key codes of the
- * ng groups (g_n[i] slots each, fp16 scale[head_dim] then min[head_dim] at g_sm + 2*hd*i),
- * [nqk, count) fp16 keys; [0, nqv) value rows (kvs_kivi_value_row), the rest fp16 values.
- * Rows are row_bytes apart. */
+/* One head of a KIVI store, as attention reads it. Key slots [0, nqk) are quantised in ng
+ * groups: group g holds slots [g_first[g], end) (end = g_first[g + 1], or nqk for the last),
+ * n = end - g_first[g] tokens whose codes start at kcodes + g_first[g] * kcode_bytes,
+ * channel-major (channel c of token j at bit (c * n + j) * k_bits; kernels_kivi.h), with fp16
+ * scale[head_dim] then min[head_dim] at g_sm + 2 * head_dim * g. Key slots [nqk, count) are
+ * fp16 rows of kres. Value slots [0, nqv) are rows of vrow_bytes at vcodes
+ * (kvs_kivi_value_row_bytes), slots [nqv, count) fp16 rows of vres. */
 typedef struct kvs_kivi_view {
-    const char *keys, *values;
-    size_t row_bytes;
+    const uint8_t *kcodes, *vcodes;
+    const uint16_t *g_sm, *kres, *vres;
+    const int *g_first;
+    size_t kcode_bytes, vrow_bytes;
     int nqk, nqv, ng;
-    const int *g_n;
-    const uint16_t *g_sm;
 } kvs_kivi_view;
 void kvs_store_kivi_view(const kvs_store *s, int layer, int head, kvs_kivi_view *v);
 
-/* Bytes of one slot: key, value, position and metadata. */
+/* Bytes of one slot: key, value, position and metadata (a KIVI store: position and metadata;
+ * its keys and values are counted per group, kvs_store_bytes). */
 size_t kvs_store_slot_bytes(const kvs_store *s);
-/* Bytes held by live slots of every head. */
+/* Bytes held by live slots of every head: for a KIVI store the live bytes of its arrays,
+ * exactly the §3.2 formula plus 4 bytes per key group and the positions and metadata. */
 size_t kvs_store_bytes(const kvs_store *s);
+/* Bytes the store has allocated for its heads (live bytes plus growth slack). */
+size_t kvs_store_alloc_bytes(const kvs_store *s);
 /* Live slots summed over every (layer, head). */
 int64_t kvs_store_total_slots(const kvs_store *s);
 

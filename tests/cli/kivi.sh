@@ -31,6 +31,10 @@ expect_fail "group not dividing R" "residual 128 must be a multiple of group 7 i
   "$KVS_BIN" run -m "$M" -p "Once" -n 4 --kv-type kivi:group=7
 expect_fail "group out of range" "group 0 is out of range \[1, 1024\]" \
   "$KVS_BIN" run -m "$M" -p "Once" -n 4 --kv-type kivi:group=0
+expect_fail "residual beyond its range" "residual 131072 must be a multiple of group 32 in \[32, 65536\]" \
+  "$KVS_BIN" run -m "$M" -p "Once" -n 4 --kv-type kivi:residual=131072
+expect_fail "residual below the group" "residual 16 must be a multiple of group 32 in \[32, 65536\]" \
+  "$KVS_BIN" bench -m "$M" -p 8 -n 2 --kv-type kivi:residual=16
 expect_fail "bits" "kbits and vbits must be 1, 2, 4 or 8" \
   "$KVS_BIN" run -m "$M" -p "Once" -n 4 --kv-type kivi:kbits=3
 expect_fail "unknown parameter" "unknown parameter 'bits' (kbits, vbits, group, residual)" \
@@ -42,4 +46,15 @@ expect_fail "position shifting" "position shifting.*KIVI" \
 # no partial output on a refused configuration
 "$KVS_BIN" run -m "$M" -p "Once" -n 4 --kv-type kivi:group=7 >"$TMP/out" 2>/dev/null || true
 [ ! -s "$TMP/out" ] && pass "refused: nothing on stdout" || fail "refused run printed output"
+# bench (what bench/kivi_bench.sh runs) with an evicting policy on KIVI-2: KV bytes reported,
+# below the full KIVI-2 cache's.
+for spec in full snapkv:budget=0.1; do
+  "$KVS_BIN" bench -m "$M" -p 400 -n 16 -t 2 --kv "$spec" --kv-type kivi2 --json "$TMP/b-${spec%%:*}.json" \
+    >/dev/null 2>"$TMP/err" || fail "bench $spec kivi2: $(head -c 300 "$TMP/err")"
+done
+python3 - "$TMP/b-full.json" "$TMP/b-snapkv.json" <<'PY' && pass "bench kivi2: snapkv:budget=0.1 holds fewer bytes" || fail "bench kivi2 bytes"
+import json, sys
+f, s = (json.load(open(p)) for p in sys.argv[1:])
+assert 0 < s["kv_bytes"] < f["kv_bytes"] and s["decode_tok_s"] > 0, (f["kv_bytes"], s["kv_bytes"])
+PY
 finish
