@@ -303,6 +303,7 @@ void fx_exec(fx_run *r, const kvs_model *model, const int32_t *tokens)
     if (r->st != KVS_OK)
         snprintf(r->err, sizeof r->err, "%s", err.msg);
     r->peak_bytes = kvs_session_kv_peak_bytes(s);
+    r->end_bytes = kvs_session_kv_bytes(s);
     r->slot_bytes = kvs_store_slot_bytes(kvs_kv_store(kv));
     r->budget = kvs_kv_policy(kv)->budget;
     kvs_session_free(s);

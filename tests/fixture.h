@@ -65,7 +65,7 @@ typedef struct fx_run {
     char err[512];
     float *logits; /* 1 + decode rows: after the prompt, then after each decoded token */
     fx_obs *o;     /* owned */
-    size_t peak_bytes, slot_bytes;
+    size_t peak_bytes, end_bytes, slot_bytes; /* KV bytes: peak, after the last token */
     int budget; /* slots per (layer, KV head) the policy resolved */
     long loop_violations;
     char loop_first[256];

@@ -125,6 +125,7 @@ void kvs_kv_reset(kvs_kv *kv)
 {
     stop_policy(kv);
     kvs_store_clear(kv->store);
+    kvs_store_kivi_hold(kv->store, 0);
     if (kv->shadow)
         kvs_store_clear(kv->shadow);
     kv->prompt_left = 0;
@@ -157,6 +158,7 @@ kvs_status kvs_kv_begin_prompt(kvs_kv *kv, int n_prompt, kvs_error *err)
         return st;
     kv->started = 1;
     kv->prompt_left = n_prompt;
+    kvs_store_kivi_hold(kv->store, kv->policy.type->kind == KVS_KIND_ONE_SHOT);
     return KVS_OK;
 }
 
@@ -255,7 +257,6 @@ static kvs_status prompt_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, con
     }
     if ((st = kvs_attention(pool, kv->scratch, &a, err)) != KVS_OK)
         return st;
-    kvs_store_kivi_flush(kv->store, layer);
 
     const int last = n == kv->prompt_left;
     struct timespec t0, t1;
@@ -274,6 +275,12 @@ static kvs_status prompt_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, con
     clock_gettime(CLOCK_MONOTONIC, &t1);
     kv->prefill_hook_seconds +=
         (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    /* KIVI quantises after the policy's hooks: what a chunk's eviction drops never enters a
+     * quantised group, so groups form from survivors (an evicted token would otherwise leave a
+     * group with fewer tokens but the same scale and minimum to pay for). A one-shot policy's
+     * prompt stays fp16 until its prompt-end eviction (kvs_kv_begin_prompt holds the store). */
+    if (kv->policy.type->kind != KVS_KIND_ONE_SHOT || last)
+        kvs_store_kivi_flush(kv->store, layer);
     return KVS_OK;
 }
 
@@ -431,6 +438,8 @@ void kvs_kv_end_batch(kvs_kv *kv, int n)
 {
     if (kv->prompt_left > 0) {
         kv->prompt_left -= n;
+        if (kv->prompt_left == 0)
+            kvs_store_kivi_hold(kv->store, 0);
     } else if (kv->step_layers > 0) {
         double heads = (double)kv->step_layers * kv->cfg.n_heads;
         kv->last.slots_attended = kv->step_slots / heads;

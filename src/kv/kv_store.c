@@ -49,6 +49,7 @@ struct kvs_store {
     kvs_store_config cfg;
     size_t row_bytes; /* bytes of one key (or value) row */
     kvs_kivi_cfg kivi; /* k_bits 0: not a KIVI store */
+    int kivi_hold;     /* appends leave the residual unflushed (kvs_store_kivi_hold) */
     size_t kcode_bytes, vrow_bytes; /* KIVI: a key's codes, a value's codes with scales */
     store_head *heads;
 };
@@ -438,6 +439,8 @@ static void kivi_flush(const kvs_store *s, store_head *h)
     }
 }
 
+void kvs_store_kivi_hold(kvs_store *s, int hold) { s->kivi_hold = hold != 0; }
+
 void kvs_store_kivi_flush(kvs_store *s, int layer)
 {
     for (int h = 0; s->kivi.k_bits && h < s->cfg.n_kv_heads; h++) {
@@ -666,7 +669,7 @@ kvs_status kvs_store_append(kvs_store *s, int layer, int n, const float *k, cons
     }
     /* What the last batch left in the residual (if the caller did not flush after its
      * attention) is quantised now, before the new tokens come in. */
-    for (int h = 0; h < nkv && s->kivi.k_bits; h++)
+    for (int h = 0; h < nkv && s->kivi.k_bits && !s->kivi_hold; h++)
         kivi_flush(s, head_at(s, layer, h));
     char *fresh[nkv];
     for (int h = 0; h < nkv; h++) {

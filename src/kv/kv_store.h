@@ -77,6 +77,10 @@ kvs_status kvs_store_set_kivi(kvs_store *s, const kvs_kivi_cfg *k, kvs_error *er
  * append flushes what an earlier batch left. Cannot fail (the append reserved the room). No-op
  * for F32 / F16 stores. */
 void kvs_store_kivi_flush(kvs_store *s, int layer);
+/* hold != 0: appends stop flushing what earlier batches left in the residual, so a prompt
+ * stays fp16 until kvs_store_kivi_flush quantises it (after a one-shot policy's prompt-end
+ * eviction, so that groups form from the survivors). No-op for F32 / F16 stores. */
+void kvs_store_kivi_hold(kvs_store *s, int hold);
 /* The store's KIVI parameters, or NULL for an F32 / F16 store. */
 const kvs_kivi_cfg *kvs_store_kivi(const kvs_store *s);
 /* One head of a KIVI store, as attention reads it. Key slots [0, nqk) are quantised in ng

@@ -113,11 +113,19 @@ fi
 grep -q '^| streaming | kivi4 | eq:103 | 103 | 103.0 |' "$TMP/eq.table" \
   && grep -q '^| streaming | f16 | eq:103 | 103 | 103.0 |' "$TMP/eq.table" \
   && pass "equal memory per type" || fail "equal memory: $(cat "$TMP/eq.table")"
+# Equal memory means equal slots on the same storage: equal bytes on f16; on KIVI the bytes
+# differ by how the slots fall into quantised groups and the fp16 residual (103 streaming slots
+# stay in the residual of R = 128; the one-shot run's 103 survivors are quantised at prompt end).
+one=$(field snapkv:budget=0.1 f16 "$TMP/eq.json" kv_bytes_mean)
+eq=$(field streaming:slots=103 f16 "$TMP/eq.json" kv_bytes_mean)
+awk -v a="$one" -v b="$eq" 'BEGIN { d = (a - b) / a; exit !(a > 0 && d < 0.01 && d > -0.01) }' \
+  && pass "equal memory on f16: $one vs $eq bytes" || fail "equal memory on f16: '$one' vs '$eq'"
 for t in f16 kivi4; do
-  one=$(field snapkv:budget=0.1 $t "$TMP/eq.json" kv_bytes_mean)
-  eq=$(field streaming:slots=103 $t "$TMP/eq.json" kv_bytes_mean)
-  awk -v a="$one" -v b="$eq" 'BEGIN { d = (a - b) / a; exit !(a > 0 && d < 0.01 && d > -0.01) }' \
-    && pass "equal memory on $t: $one vs $eq bytes" || fail "equal memory on $t: '$one' vs '$eq'"
+  one=$(field snapkv:budget=0.1 $t "$TMP/eq.json" slots_attended_mean)
+  eq=$(field streaming:slots=103 $t "$TMP/eq.json" slots_attended_mean)
+  awk -v a="$one" -v b="$eq" 'BEGIN { d = a - b; exit !(a > 0 && d <= 0.5 && d >= -0.5) }' \
+    && pass "equal slots on $t: $one vs $eq (the one-shot mean, rounded)" \
+    || fail "equal slots on $t: '$one' vs '$eq'"
 done
 grep '"params": "streaming:slots=103", "kv_type": "kivi4"' "$TMP/eq.json" \
   | grep -q '"equal_memory_of": "snapkv:budget=0.1"' && pass "eq row names its one-shot run" \
