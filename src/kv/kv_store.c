@@ -444,8 +444,14 @@ void kvs_store_kivi_hold(kvs_store *s, int hold) { s->kivi_hold = hold != 0; }
 void kvs_store_kivi_flush(kvs_store *s, int layer)
 {
     for (int h = 0; s->kivi.k_bits && h < s->cfg.n_kv_heads; h++) {
-        kivi_head *k = &head_at(s, layer, h)->kq;
-        kivi_flush(s, head_at(s, layer, h));
+        store_head *H = head_at(s, layer, h);
+        kivi_head *k = &H->kq;
+        /* Room for what the flush quantises: an eviction since the last append may have given
+         * the quantised arrays back (kb_shrink). Without the memory the tokens stay fp16:
+         * correct, only larger. */
+        if (kivi_reserve(s, k, H->count, 0) != 0)
+            continue;
+        kivi_flush(s, H);
         /* A prompt batch passed through the residuals: give back what they no longer hold.
          * (Not in the flush an append runs first: that would undo the append's reserve.) */
         kb_shrink(&k->kr, (size_t)s->kivi.residual * f16_row(s));

@@ -57,4 +57,13 @@ import json, sys
 f, s = (json.load(open(p)) for p in sys.argv[1:])
 assert 0 < s["kv_bytes"] < f["kv_bytes"] and s["decode_tok_s"] > 0, (f["kv_bytes"], s["kv_bytes"])
 PY
+# A one-shot policy's prompt spans several batches (1500 tokens, chunks of 512): it stays fp16
+# until the prompt-end eviction, then the survivors are quantised into room the eviction may
+# have given back (this crashed in kb_grow before kvs_store_kivi_flush reserved it).
+SYN=dim=64,hidden=128,layers=2,heads=2,kv_heads=2,vocab=512,ctx=2048
+for t in kivi4 kivi2; do
+  "$KVS_BIN" bench --synthetic "$SYN" -p 1500 -n 4 --kv snapkv:budget=0.1 --kv-type $t \
+    --json "$TMP/one-$t.json" >/dev/null 2>"$TMP/err" \
+    && pass "snapkv on $t over a 3-batch prompt" || fail "snapkv on $t, 1500 tokens: $(head -c 300 "$TMP/err")"
+done
 finish
