@@ -69,6 +69,7 @@ static const char *kind_name(kvs_policy_kind k)
     case KVS_KIND_EVICTING: return "evicting";
     case KVS_KIND_ONE_SHOT: return "one-shot";
     case KVS_KIND_SELECTION: return "selection";
+    case KVS_KIND_MERGING: return "merging";
     }
     return "";
 }
