@@ -265,6 +265,7 @@ static kvs_status prompt_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, con
         if ((st = t->prefill_chunk(&kv->policy, layer, &c, err)) != KVS_OK)
             return st;
         observe(kv, layer, "prefill_chunk");
+        update_peak(kv); /* what the hook keeps until prefill_end (MiniCache's prompt copies) */
     }
     if (last && t->prefill_end) {
         if ((st = t->prefill_end(&kv->policy, layer, err)) != KVS_OK)
