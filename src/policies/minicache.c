@@ -782,8 +782,10 @@ static int report(const kvs_policy *p, int i, char *buf, size_t size)
         for (int j = 0; j < s->n_pairs && len < size; j++)
             len += (size_t)snprintf(buf + len, size - len, "%s(%d,%d)", j ? ", " : " ",
                                     s->first + 2 * j, s->first + 2 * j + 1);
-        if (s->n_pairs == 0 && len < size)
-            len += (size_t)snprintf(buf + len, size - len, " none");
+        if (s->n_pairs == 0) {
+            snprintf(buf + len, size - len, " none (start=%d: nothing merged)", s->first);
+            return 0;
+        }
         if (len < size)
             len += (size_t)snprintf(buf + len, size - len, "; retained");
         for (int j = 0; j < s->n_pairs && len < size; j++)
