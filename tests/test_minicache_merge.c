@@ -605,6 +605,10 @@ static void test_retain(void)
     float far[4] = {1.0f, 1e-30f, 0.5f, 1e-30f};
     c = kvs_mc_retain_select(far, 4, 1.0, KVS_MC_RET_RANGE, idx, scratch);
     CHECKF(c == 2 && idx[0] == 0 && idx[1] == 2, "T8 RANGE gamma=1 with d_min = 1e-30: %d", c);
+    /* ... and d_max - d_min rounding down must not drop a token just above d_min */
+    float far3[3] = {0.75f, 0x1.4p-54f, 0x1.cp-54f};
+    c = kvs_mc_retain_select(far3, 3, 1.0, KVS_MC_RET_RANGE, idx, scratch);
+    CHECKF(c == 2 && idx[0] == 0 && idx[1] == 2, "T8 RANGE gamma=1, rounded-down range: %d", c);
     float far2[3] = {1.0f, 0.0f, 1.0f - 0x1p-24f};
     c = kvs_mc_retain_select(far2, 3, 1.0, KVS_MC_RET_LITERAL, idx, scratch);
     CHECKF(c == 2 && idx[0] == 1 && idx[1] == 2, "LITERAL gamma=1 keeps all but d_max: %d", c);
@@ -612,6 +616,13 @@ static void test_retain(void)
     /* TOPFRAC: ceil(0.1 * 30 - 1e-9) = 3: the two 0.9 ties and the next largest */
     c = kvs_mc_retain_select(d, N, 0.1, KVS_MC_RET_TOPFRAC, idx, scratch);
     CHECKF(c == 3 && increasing(idx, c, N), "T8 TOPFRAC gamma=0.1 N=30: %d, want 3", c);
+    /* 0.07 * 100 is 7.000000000000001 in double: the 1e-9 makes it 7, not 8 */
+    static float d100[100];
+    static int i100[100], s100[100];
+    for (int i = 0; i < 100; i++)
+        d100[i] = (float)i / 100.0f;
+    c = kvs_mc_retain_select(d100, 100, 0.07, KVS_MC_RET_TOPFRAC, i100, s100);
+    CHECKF(c == 7 && i100[0] == 93 && i100[6] == 99, "TOPFRAC gamma=0.07 N=100: %d, want 7", c);
     CHECK(kvs_mc_retain_select(d, N, 0.0, KVS_MC_RET_TOPFRAC, idx, scratch) == 0);
     CHECK(kvs_mc_retain_select(d, N, 1.0, KVS_MC_RET_TOPFRAC, idx, scratch) == N);
     CHECK(kvs_mc_retain_select(d, N, 0.05, KVS_MC_RET_TOPFRAC, idx, scratch) == 2);

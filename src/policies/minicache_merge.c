@@ -1,26 +1,20 @@
 /* MiniCache's per-unit math (methods/minicache.md §2.4-2.6, §3.1): pure functions, no state.
  *
- * SLERP, computed through the chord midpoint. With unit u_a, u_b, s = u_a + u_b and
- * d = u_b - u_a are orthogonal, |s| = 2 cos(Omega/2), |d| = 2 sin(Omega/2), and with m = s/|s|,
- * p = d/|d|: u_a = cos(Omega/2) m - sin(Omega/2) p, u_b = cos(Omega/2) m + sin(Omega/2) p. Eq. 3,
- * e = sin((1-t)Omega)/sin(Omega) u_a + sin(t Omega)/sin(Omega) u_b, is then exactly
- *     e = cos((t - 1/2) Omega) m + sin((t - 1/2) Omega) p,
- * the point at angle t Omega from u_a (layer a = l-1), (1-t) Omega from u_b. The same vector,
- * but Eq. 3's weights grow as 1/sin(Omega) and nearly cancel as Omega nears pi (at pi - 1e-3 they
- * are about 1000 each), which costs fp32 about 1e-4 of |e|; here the coefficients stay in [-1, 1]
- * and |e| = 1 to fp32 rounding over the whole range. Swapping (a, b) and t -> 1 - t negates d
- * and t - 1/2 and leaves s alone, so the merge is symmetric (T12) bit for bit whenever 1 - t is
- * exact.
+ * SLERP is Eq. 3 as printed (sin((1-t) Omega)/sin(Omega) on u_a, layer a = l-1), with §2.4's
+ * stable angle Omega = 2 atan2(||u_a - u_b||, ||u_a + u_b||) and sin(Omega) taken from the same
+ * half-angle, 2 ||d|| ||s|| / (||d||^2 + ||s||^2) (s = u_a + u_b, d = u_a - u_b), which stays
+ * accurate next to 0 and pi where sin of a rounded Omega would not.
  *
- * Precision: inputs and e are fp32; everything in between (u_a, u_b, s, d, the reductions and
- * the coefficients) is double, rounded once when e is stored. Not fp32 throughout, because
- * fp32 unit vectors are unit only to about 1e-8, and near antiparallel s = u_a + u_b then
- * misses the bisector by about (|u_a| - |u_b|) / (pi - Omega): with fp32 intermediates the
- * angles of e were off by 1.06e-5 rad at Omega = pi - 1.5e-3 (D = 8), beyond §7 T5's 1e-5; in
- * double the bias is below 1e-12. Double reductions also keep the accuracy from degrading with
- * D (per-token units are h = 4096 wide) and squares of fp32 values never overflow or
- * underflow. Nothing is threaded and every loop runs in index order: the result is a
- * deterministic function of the inputs.
+ * Precision: inputs and e are fp32; everything in between (u_a, u_b, s, d, the reductions, the
+ * weights) is double, rounded once when e is stored. Not fp32 throughout: near antiparallel
+ * Eq. 3's weights grow as 1/sin(Omega) (about 650 each at pi - 1.5e-3) and nearly cancel, and
+ * fp32 unit vectors are unit only to about 1e-8. Measured with fp32 intermediates over §7's
+ * range (tests/test_minicache_merge.c): | ||e|| - 1 | up to 1.1e-5 against T3's 1e-6 (and a
+ * chord-midpoint rewrite of Eq. 3 in fp32 still missed T5's 1e-5 rad by 6%). In double the
+ * worst is 4e-8. Double reductions also keep the accuracy from degrading with D (per-token
+ * units are h = 4096 wide), and squares of fp32 values never overflow or underflow. Nothing is
+ * threaded and every loop runs in index order: the result is a deterministic function of the
+ * inputs.
  *
  * No scratch: e is the only D-sized buffer, so each pass recomputes u_a and u_b from the inputs
  * with the same expressions (hence the same values) instead of storing them.
@@ -31,8 +25,8 @@
  *    retention). Relative rather than absolute so that scaling both inputs by a common factor
  *    never changes the branch: an absolute 1e-12 would call a legitimately small unit zero.
  *    2^-40 (about 1e-12, the spec's figure) is far below fp32's resolution 2^-24, so only a
- *    layer that is zero for practical purposes is caught, and it restores (e * its own norm)
- *    within 2^-39 times its partner's norm of the truth. Both exactly zero: e = 0, Omega = 0.
+ *    layer that is zero for practical purposes is caught: its restoration (e times its own
+ *    norm) is off by at most 2^-39 of its partner's norm. Both exactly zero: e = 0, Omega = 0.
  *  - sin(Omega) < 1e-6 (§2.4): near parallel, the normalised lerp (the SLERP limit, error
  *    O(Omega^3)); near antiparallel the plane is undefined and e is u_b if t >= 1/2, else u_a.
  * The norms are outputs: they overflow to inf only if the true norm exceeds FLT_MAX. */
@@ -86,15 +80,13 @@ static double pair_angle(mc_pair *p, int D)
     return 2.0 * atan2(sqrt(dd), sqrt(ss));
 }
 
-/* Eq. 3 in the midpoint form (header comment); needs ||s|| > 0 and ||d|| > 0. */
-static void slerp_midpoint(const mc_pair *p, double t, double omega, float *e, int D)
+/* Eq. 3: e = sin((1-t) Omega)/sin(Omega) u_a + sin(t Omega)/sin(Omega) u_b. */
+static void slerp_eq3(const mc_pair *p, double t, double omega, double sin_omega, float *e,
+                      int D)
 {
-    const double phi = (t - 0.5) * omega;
-    const double cm = cos(phi) / sqrt(p->ss), cp = sin(phi) / sqrt(p->dd);
-    for (int k = 0; k < D; k++) {
-        const double ua = p->xa[k] * p->ia, ub = p->xb[k] * p->ib;
-        e[k] = (float)(cm * (ua + ub) + cp * (ub - ua));
-    }
+    const double wa = sin((1.0 - t) * omega) / sin_omega, wb = sin(t * omega) / sin_omega;
+    for (int k = 0; k < D; k++)
+        e[k] = (float)(wa * (p->xa[k] * p->ia) + wb * (p->xb[k] * p->ib));
 }
 
 /* SLERP of the two directions (both norms > 0); returns Omega. */
@@ -105,7 +97,7 @@ static double slerp_unit(mc_pair *p, double t, float *e, int D)
     /* sin(Omega) = 2 sin(Omega/2) cos(Omega/2) = 2 ||d|| ||s|| / r^2, accurate near 0 and pi */
     const double sin_omega = r2 > 0.0 ? 2.0 * sqrt(p->dd) * sqrt(p->ss) / r2 : 0.0;
     if (sin_omega >= MC_SIN_MIN) {
-        slerp_midpoint(p, t, omega, e, D);
+        slerp_eq3(p, t, omega, sin_omega, e, D);
     } else if (omega < M_PI_2) {
         for (int k = 0; k < D; k++)
             e[k] = (float)((1.0 - t) * (p->xa[k] * p->ia) + t * (p->xb[k] * p->ib));
