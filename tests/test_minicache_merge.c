@@ -451,7 +451,7 @@ static void merge_check_finite(const char *what, const float *xa, const float *x
 {
     kvs_mc_merge_unit(xa, xb, D, t, fn, 0, e, na, nb, om);
     CHECKF(all_finite(e, D) && isfinite(*na) && isfinite(*nb) && isfinite(*om) && *om >= 0 &&
-               *om <= (float)M_PI,
+               *om < M_PI,
            "T16 %s fn=%d t=%g: finite outputs", what, (int)fn, t);
 }
 

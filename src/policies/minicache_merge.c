@@ -155,8 +155,10 @@ void kvs_mc_merge_unit(const float *xa, const float *xb, int D, float t, kvs_mc_
         merge_stored(xa, xb, D, fn, nad, nbd, e);
         *na = *nb = (float)sqrt(norm2(e, D));
     }
-    /* 2 atan2 can round a hair above pi; keep the documented range */
-    *omega = om > M_PI ? (float)M_PI : (float)om;
+    /* fp32's nearest to pi lies above pi: clamp to the float just below, so d = Omega / pi
+     * never exceeds 1 however it is divided */
+    const float om_max = 0x1.921fb4p+1f;
+    *omega = om > om_max ? om_max : (float)om;
 }
 
 /* The threshold of RANGE (keep d > thr) or LITERAL (keep d < thr), in double. At gamma = 0 the
