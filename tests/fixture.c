@@ -192,6 +192,8 @@ static void observer(void *ctx, const kvs_kv *kv, int layer, const char *hook)
             expect = -1; /* checked by the decode loop */
         else if (kind == KVS_KIND_ONE_SHOT && !strcmp(hook, "prefill_end"))
             expect = min_i(seen, B);
+        else if (kind == KVS_KIND_MERGING && n == 0 && (!prefill || !strcmp(hook, "prefill_end")))
+            expect = 0; /* a merged layer: the policy holds it (test_minicache checks which) */
         if (expect >= 0 && n != expect)
             fx_violation(o, "%d live slots, expected %d", layer, h, hook, n, expect);
         if (kind == KVS_KIND_EVICTING && n > B)
@@ -234,6 +236,10 @@ static void check_step(fx_run *r, kvs_session *s, const kvs_model_info *info, in
                 if (n != min_i(p->budget, FX_PROMPT) + decoded)
                     loop_violation(r, "slots vs min(budget, prompt) + decoded", t, l, h, n,
                                    min_i(p->budget, FX_PROMPT) + decoded);
+                break;
+            case KVS_KIND_MERGING: /* a merged layer holds nothing (test_minicache) */
+                if (n != n_past && n != 0)
+                    loop_violation(r, "slots vs tokens (or 0, merged)", t, l, h, n, n_past);
                 break;
             case KVS_KIND_EVICTING:
                 if (n > p->budget)

@@ -94,9 +94,10 @@ static int start_fails(const char *spec, const char *needle)
     return ok;
 }
 
-/* The registered policies that take a budget (every kind but the full cache). */
-static const kvs_policy_type *policies[64];
-static int n_policies;
+/* The registered policies that take a budget (every kind but the full cache and the merging
+ * kind), and those of the merging kind (no budget: they attend every position). */
+static const kvs_policy_type *policies[64], *merging[16];
+static int n_policies, n_merging;
 
 /* 30 tokens: below snapkv's window of 32 (it then keeps the last 30), two quest pages. */
 static const char *budgets[] = {"budget=0.1", "budget=0.25", "budget=0.5", "slots=30"};
@@ -408,6 +409,44 @@ static void kivi_storage(void)
     fx_run_free(&full);
 }
 
+/* The merging kind (no budget): the generic invariants with its defaults, F16 and KIVI-4
+ * storage; 1 and 2 threads bit-identical; a chunked prefill as one chunk (it merges once at the
+ * prompt's end); a budget refused. */
+static void merging_kind(void)
+{
+    static const char *const types[] = {NULL, "f16", "kivi4"};
+    for (int i = 0; i < n_merging; i++) {
+        const char *name = merging[i]->name;
+        char spec[96];
+        snprintf(spec, sizeof spec, "%s:budget=0.25", name);
+        CHECKF(error_mentions(spec, "takes no budget"), "%s", spec);
+        fx_run one = {.spec = name, .threads = 1, .decode = D_SWEEP};
+        do_run(&one);
+        check_run(&one);
+        CHECKF(one.o && one.o->calls > 0, "%s: no hook observed", name);
+        fx_run two = {.spec = name, .threads = 2, .decode = D_SWEEP};
+        do_run(&two);
+        check_run(&two);
+        double d = max_diff(&one, &two);
+        CHECKF(d == 0.0, "%s: 1 and 2 threads differ by %g", name, d);
+        fx_run c = {.spec = name, .chunk = 40, .threads = 2, .decode = D_SWEEP};
+        do_run(&c);
+        check_run(&c);
+        d = max_diff(&c, &one);
+        CHECKF(d < 1e-4, "%s: chunked prefill differs by %g", name, d);
+        for (int t = 1; t < 3; t++) {
+            fx_run r = {.spec = name, .kv_type = types[t], .chunk = 64, .threads = 2,
+                        .decode = D_SWEEP};
+            do_run(&r);
+            check_run(&r);
+            fx_run_free(&r);
+        }
+        fx_run_free(&c);
+        fx_run_free(&two);
+        fx_run_free(&one);
+    }
+}
+
 int main(void)
 {
     char msg[512];
@@ -419,10 +458,14 @@ int main(void)
     int n_types = 0;
     const kvs_policy_type *const *types = kvs_policy_types(&n_types);
     for (int i = 0; i < n_types; i++)
-        if (types[i]->kind != KVS_KIND_FULL && n_policies < (int)(sizeof policies / sizeof *policies))
+        if (kvs_policy_kind_has_budget(types[i]->kind) &&
+            n_policies < (int)(sizeof policies / sizeof *policies))
             policies[n_policies++] = types[i];
-    CHECKF(n_policies == n_types - 1, "%d registered policies, %d with a budget", n_types,
-           n_policies);
+        else if (types[i]->kind == KVS_KIND_MERGING &&
+                 n_merging < (int)(sizeof merging / sizeof *merging))
+            merging[n_merging++] = types[i];
+    CHECKF(n_policies + n_merging == n_types - 1, "%d registered policies, %d with a budget, %d "
+           "merging", n_types, n_policies, n_merging);
     printf("%d registered policies:", n_types);
     for (int i = 0; i < n_types; i++)
         printf(" %s", types[i]->name);
@@ -468,6 +511,7 @@ int main(void)
     chunked(&full, quarter);
     f16_storage(&full);
     kivi_storage();
+    merging_kind();
 
     for (int i = 0; i < n_policies; i++)
         fx_run_free(&quarter[i]);

@@ -78,6 +78,7 @@ static const char *kind_name(kvs_policy_kind k)
     case KVS_KIND_EVICTING: return "evicting";
     case KVS_KIND_ONE_SHOT: return "one-shot";
     case KVS_KIND_SELECTION: return "selection";
+    case KVS_KIND_MERGING: return "merging";
     }
     return "";
 }
@@ -399,6 +400,8 @@ static int load_and_check(const char *cmd, const cli_args *a, eval_state *e, int
         e->setup.kv_type = e->types.v[t];
         if (e->plan.has_full && !kvs_eval_type_is_f32(e->types.v[t]))
             rc = check_on_type(cmd, e, "full");
+        for (int j = 0; j < e->plan.plain.n && rc == CLI_OK; j++)
+            rc = check_on_type(cmd, e, e->plan.plain.v[j].spec);
         for (int j = 0; j < e->plan.jobs.n && rc == CLI_OK; j++)
             rc = check_on_type(cmd, e, e->plan.jobs.v[j].spec);
     }
@@ -508,6 +511,10 @@ static int run_type(const char *cmd, eval_state *e, const char *type)
         row rw = {.label = "-"};
         rc = run_one(cmd, e, "full", &rw);
     }
+    for (int i = 0; i < e->plan.plain.n && rc == CLI_OK; i++) {
+        row rw = {.label = "-"};
+        rc = run_one(cmd, e, e->plan.plain.v[i].spec, &rw);
+    }
     for (int b = 0; b < e->plan.n_groups && rc == CLI_OK; b++) {
         int group_start = e->rows.n;
         for (int s = 0; s < kvs_eval_plan_group_size(&e->plan) && rc == CLI_OK; s++) {
@@ -598,7 +605,7 @@ static int eval(const cli_args *a)
     int n_full = 0;
     for (int t = 0; t < e.types.n; t++)
         n_full += e.plan.has_full && !kvs_eval_type_is_f32(e.types.v[t]);
-    e.total = 1 + n_full + e.types.n * e.plan.jobs.n;
+    e.total = 1 + n_full + e.types.n * (e.plan.plain.n + e.plan.jobs.n);
     if (rc == CLI_OK) {
         row rw = {.label = "-"};
         rc = run_one(cmd, &e, NULL, &rw);

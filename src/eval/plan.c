@@ -307,6 +307,12 @@ static kvs_status plan_all(kvs_eval_plan *plan, const str_list *specs, const str
             plan->has_full = 1;
             continue;
         }
+        if (t && !kvs_policy_kind_has_budget(t->kind)) {
+            if ((st = kvs_policy_parse(spec, &parsed, err)) != KVS_OK ||
+                (st = jobs_add(&plan->plain, spec, parsed.text, "-", NULL, err)) != KVS_OK)
+                return st;
+            continue;
+        }
         if ((st = plan_spec(plan, spec, budgets, err)) != KVS_OK)
             return st;
         if (t && t->kind == KVS_KIND_EVICTING && str_add(evicting, spec, strlen(spec)))
@@ -354,6 +360,7 @@ void kvs_eval_plan_free(kvs_eval_plan *plan)
     if (!plan)
         return;
     kvs_eval_jobs_free(&plan->jobs);
+    kvs_eval_jobs_free(&plan->plain);
     for (int i = 0; i < plan->n_evicting; i++)
         free(plan->evicting[i]);
     free(plan->evicting);

@@ -35,6 +35,9 @@ typedef struct kvs_eval_plan {
      * always run: they are only checked. */
     kvs_eval_jobs jobs;
     int n_groups;   /* budget groups: the --budget items, or 1 */
+    /* Specs of policies that take no budget (the merging kind, MiniCache): each run once per
+     * storage type, after its full row, whatever --budget says. */
+    kvs_eval_jobs plain;
     int has_full;   /* a full spec was given: each non-F32 storage type gets a full row */
     /* The evicting policies --equal-memory runs: the evicting specs given, as typed, or, when
      * none is and equal_memory is set, every registered evicting policy by name. */

@@ -156,6 +156,78 @@ static void weighted_values(const kvs_store *s, int layer, int kvh, const float 
     }
 }
 
+/* A factor of a scale row (attention.h: kscale, vscale). */
+static float scale_at(const void *row, kvs_dtype type, int j)
+{
+    return type == KVS_F16 ? kvs_fp16_to_fp32(((const uint16_t *)row)[j]) : ((const float *)row)[j];
+}
+
+static float dot_row(const void *row, kvs_dtype type, const float *q, int hd)
+{
+    return type == KVS_F16 ? kvs_dot_f16_f32(row, q, hd) : kvs_dot_f32(q, row, hd);
+}
+
+static void axpy_row(float *out, float w, const void *row, kvs_dtype type, int hd)
+{
+    if (type == KVS_F16)
+        kvs_axpy_f16(out, w, row, hd);
+    else
+        kvs_axpy_f32(out, w, row, hd);
+}
+
+/* The restored view of one query row and head (attention.h: kscale, vscale, exact rows, tail)
+ * over the n visible stored slots: scales on the score and probability rows around the store's
+ * own kernels. The exact rows and the tail are summed in slot order into acc, after the stored
+ * slots (whose weights there are 0), so that a view of nothing but exact rows adds in the same
+ * order as the plain path. */
+static void attend_restored(const kvs_attn_args *a, int kvh, const float *q, int n, int hd,
+                            float *scores, float *out)
+{
+    const kvs_store *s = a->store;
+    const float inv = 1.0f / sqrtf((float)hd);
+    const int nk = a->xk_n ? a->xk_n[kvh] : 0, nv = a->xv_n ? a->xv_n[kvh] : 0;
+    const int nt = n + (a->tail_k != NULL);
+    const int32_t *ks = nk ? a->xk_slot[kvh] : NULL, *vs = nv ? a->xv_slot[kvh] : NULL;
+    const size_t esz = a->x_type == KVS_F16 ? 2 : 4, hoff = (size_t)kvh * hd;
+    if (nt == 0) {
+        memset(out, 0, sizeof(float) * hd);
+        return;
+    }
+    scores_row(s, a->layer, kvh, q, NULL, n, inv, scores);
+    if (a->kscale)
+        for (int j = 0; j < n; j++)
+            scores[j] *= scale_at(a->kscale[kvh], a->scale_type, j);
+    for (int j = 0; j < nk && ks[j] < n; j++)
+        scores[ks[j]] = dot_row((const char *)a->xk[kvh] + j * a->x_stride * esz, a->x_type, q,
+                                hd) * inv;
+    if (a->tail_k)
+        scores[n] = kvs_dot_f32(q, a->tail_k + hoff, hd) * inv;
+    kvs_softmax(scores, nt);
+    float acc[hd];
+    memset(acc, 0, sizeof acc);
+    for (int j = 0, x = 0; j < n; j++) {
+        if (x < nv && vs[x] == j) {
+            axpy_row(acc, scores[j], (const char *)a->xv[kvh] + x * a->x_stride * esz, a->x_type,
+                     hd);
+            scores[j] = 0.0f;
+            x++;
+        } else if (a->vscale) {
+            scores[j] *= scale_at(a->vscale[kvh], a->scale_type, j);
+        }
+    }
+    if (a->tail_k)
+        kvs_axpy_f32(acc, scores[n], a->tail_v + hoff, hd);
+    weighted_values(s, a->layer, kvh, scores, NULL, n, out);
+    for (int d = 0; d < hd; d++)
+        out[d] += acc[d];
+}
+
+/* A restored view (attention.h) is asked for. */
+static int restored(const kvs_attn_args *a)
+{
+    return a->kscale || a->vscale || a->xk_n || a->xv_n || a->tail_k;
+}
+
 /* Attention of query row i, head h. */
 static void attend_row(const task *t, int i, int h, float *scores)
 {
@@ -173,6 +245,10 @@ static void attend_row(const task *t, int i, int h, float *scores)
         n = kvs_store_count(s, a->layer, kvh);
         while (n > 0 && pos[n - 1] > a->qpos[i])
             n--;
+    }
+    if (restored(a)) {
+        attend_restored(a, kvh, a->q + off, n, hd, scores, a->out + off);
+        return;
     }
     if (n == 0) {
         memset(a->out + off, 0, sizeof(float) * hd);
@@ -367,7 +443,10 @@ kvs_status kvs_attention(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_attn_ar
         if (c > t.max_count)
             t.max_count = c;
     }
-    size_t per_thread = (size_t)t.max_count;
+    if (restored(a) && (a->n != 1 || a->sel || a->probs || a->colsum))
+        return kvs_fail(err, KVS_ERR_ARG, "attention: a restored view takes one query row, "
+                        "without a selection, probabilities or column sums");
+    size_t per_thread = (size_t)t.max_count + 1; /* + the restored view's tail slot */
     per_thread = (per_thread + 15) & ~(size_t)15;
     int nth = kvs_pool_size(pool);
     if (per_thread > sc->per_thread || nth > sc->n_threads) {

@@ -266,6 +266,7 @@ static kvs_status prompt_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, con
         if ((st = t->prefill_chunk(&kv->policy, layer, &c, err)) != KVS_OK)
             return st;
         observe(kv, layer, "prefill_chunk");
+        update_peak(kv); /* what the hook keeps until prefill_end (MiniCache's prompt copies) */
     }
     if (last && t->prefill_end) {
         if ((st = t->prefill_end(&kv->policy, layer, err)) != KVS_OK)
@@ -330,6 +331,24 @@ static kvs_status decode_layer(kvs_kv *kv, kvs_pool *pool, int layer, const floa
     const kvs_policy_type *t = kv->policy.type;
     const int nkv = kv->cfg.n_kv_heads, group = kv->cfg.n_heads / nkv, hd = kv->cfg.head_dim;
     kvs_status st;
+    if (t->attend) { /* a layer the policy attends from what it keeps (the merging kind) */
+        int attended = 0;
+        if ((st = t->attend(&kv->policy, pool, layer, q, k, v, pos[0], out, &attended, err)) !=
+            KVS_OK)
+            return st;
+        if (attended > 0) {
+            observe(kv, layer, "attend");
+            if (kv->shadow &&
+                (st = kvs_store_append(kv->shadow, layer, 1, k, v, pos, err)) != KVS_OK)
+                return st;
+            update_peak(kv);
+            /* Every position is attended (restored): the recall is 1 for each head. */
+            kv->step_slots += (double)attended * kv->cfg.n_heads;
+            kv->step_recall += kv->cfg.n_heads;
+            kv->step_layers++;
+            return KVS_OK;
+        }
+    }
     if (t->before_append) {
         if ((st = t->before_append(&kv->policy, layer, q, k, v, pos[0], err)) != KVS_OK)
             return st;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "core/error.h"
+#include "core/threadpool.h"
 #include "kv/kv_store.h"
 
 #define KVS_MAX_PARAMS 12
@@ -16,7 +17,16 @@ typedef enum kvs_policy_kind {
     KVS_KIND_EVICTING,  /* holds the cache at the budget through prefill and decoding */
     KVS_KIND_ONE_SHOT,  /* compresses the prompt once at prefill end, then appends */
     KVS_KIND_SELECTION, /* keeps everything, attends a budget of slots per step */
+    KVS_KIND_MERGING,   /* attends every position of a compressed form it keeps itself
+                         * (MiniCache: adjacent layers share K/V); takes no budget */
 } kvs_policy_kind;
+
+/* Whether a policy of this kind takes a budget (budget=F or slots=N): every kind but the full
+ * cache and the merging kind, which keep every position. */
+static inline int kvs_policy_kind_has_budget(kvs_policy_kind k)
+{
+    return k == KVS_KIND_EVICTING || k == KVS_KIND_ONE_SHOT || k == KVS_KIND_SELECTION;
+}
 
 typedef struct kvs_param_def {
     const char *name;
@@ -132,6 +142,15 @@ typedef struct kvs_policy_type {
      * unchanged. A policy that keeps positions or key-derived data of its own (hash codes)
      * updates them here. Optional. */
     kvs_status (*shift)(kvs_policy *p, int layer, const kvs_shift_info *sh, kvs_error *err);
+    /* Decode (optional; the merging kind): the policy attends this layer itself, from what it
+     * keeps, with the new token's post-RoPE q, k, v at pos, writing out (n_heads * head_dim).
+     * It sets *attended to the slots each query head attended (every position <= pos) when it
+     * did, and then the kv layer neither stores the token nor attends for this layer (nor runs
+     * before_append, select or after_attention); it leaves *attended 0 for a layer it does not
+     * take. pool: for kvs_attention. */
+    kvs_status (*attend)(kvs_policy *p, kvs_pool *pool, int layer, const float *q,
+                         const float *k, const float *v, int32_t pos, float *out, int *attended,
+                         kvs_error *err);
     /* Optional: line i (0, 1, ...) of the policy's own measurements since the prompt began
      * (e.g. HashEvict's per-step costs), for `kvslim bench` to print; 0 when a line was
      * written, -1 when there is none for i. Policies never print. */

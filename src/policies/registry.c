@@ -35,7 +35,8 @@ static void list_names(char *buf, size_t size)
 
 static void list_keys(const kvs_policy_type *t, char *buf, size_t size)
 {
-    size_t len = (size_t)snprintf(buf, size, "%s", t->kind == KVS_KIND_FULL ? "" : "budget");
+    size_t len =
+        (size_t)snprintf(buf, size, "%s", kvs_policy_kind_has_budget(t->kind) ? "budget" : "");
     for (int i = 0; i < t->n_params && len < size; i++)
         len += (size_t)snprintf(buf + len, size - len, "%s%s", len ? ", " : "", t->params[i].name);
     if (len == 0)
@@ -176,7 +177,7 @@ static kvs_status parse_item(kvs_policy_spec *out, const char *text, const char 
     const kvs_policy_type *t = out->type;
     char keys[256];
     int budget_key_here = !strcmp(key, "budget") || !strcmp(key, "slots");
-    if (budget_key_here && t->kind != KVS_KIND_FULL) {
+    if (budget_key_here && kvs_policy_kind_has_budget(t->kind)) {
         if (seen[SEEN_BUDGET])
             return !strcmp(*budget_key, key)
                        ? kvs_fail(err, KVS_ERR_ARG, "--kv %s: %s is given twice", text, key)
@@ -187,6 +188,9 @@ static kvs_status parse_item(kvs_policy_spec *out, const char *text, const char 
         return key[0] == 'b' ? parse_budget(out, text, val, err)
                              : parse_slots(out, text, val, err);
     }
+    if (budget_key_here && t->kind == KVS_KIND_MERGING)
+        return kvs_fail(err, KVS_ERR_ARG, "--kv %s: %s takes no budget: it attends every "
+                        "position (its parameters set its memory)", text, t->name);
     if (!strcmp(key, "shift")) {
         if (t->kind != KVS_KIND_EVICTING) {
             char list[256];
@@ -228,7 +232,7 @@ static void canonical_text(kvs_policy_spec *out)
     const kvs_policy_type *t = out->type;
     size_t len = (size_t)snprintf(out->text, sizeof out->text, "%s", t->name);
     char sep = ':', b[40];
-    if (t->kind != KVS_KIND_FULL) {
+    if (kvs_policy_kind_has_budget(t->kind)) {
         if (out->budget_is_fraction) {
             snprintf(b, sizeof b, "%.10g", out->budget);
             if (!strpbrk(b, ".eE"))
@@ -298,7 +302,7 @@ kvs_status kvs_policy_parse(const char *text, kvs_policy_spec *out, kvs_error *e
         if (st != KVS_OK)
             return st;
     }
-    if (t->kind != KVS_KIND_FULL && out->budget == 0)
+    if (kvs_policy_kind_has_budget(t->kind) && out->budget == 0)
         return kvs_fail(err, KVS_ERR_ARG, "--kv %s: needs budget=F (a fraction of the prompt, "
                         "e.g. budget=0.25 or budget=25%%) or slots=N (a number of slots)", text);
     canonical_text(out);
@@ -312,6 +316,8 @@ static const char *kind_name(kvs_policy_kind k)
     case KVS_KIND_EVICTING: return "evicting: holds the budget through prefill and decoding";
     case KVS_KIND_ONE_SHOT: return "one-shot: compresses the prompt once, then appends";
     case KVS_KIND_SELECTION: return "selection: keeps all, attends the budget each step";
+    case KVS_KIND_MERGING: return "merging: attends every position, adjacent layers share K/V; "
+                                  "no budget";
     }
     return "";
 }
@@ -332,7 +338,7 @@ void kvs_policy_help(FILE *f)
     for (int i = 0; i < N_POLICIES; i++) {
         const kvs_policy_type *t = registry[i];
         fprintf(f, "%-10s %s\n           (%s)\n", t->name, t->summary, kind_name(t->kind));
-        if (t->kind != KVS_KIND_FULL)
+        if (kvs_policy_kind_has_budget(t->kind))
             fprintf(f, "           budget      required: budget=F, budget=P%% or slots=N\n");
         if (t->kind == KVS_KIND_EVICTING)
             fprintf(f, "           shift       default off, one of on|off: position shifting\n");

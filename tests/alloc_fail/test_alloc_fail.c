@@ -546,7 +546,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < n_types; i++) {
         char spec[96], name[128];
         snprintf(spec, sizeof spec, "%s%s", types[i]->name,
-                 types[i]->kind == KVS_KIND_FULL ? "" : ":budget=0.5");
+                 kvs_policy_kind_has_budget(types[i]->kind) ? ":budget=0.5" : "");
         snprintf(name, sizeof name, "policy %s", spec);
         pcase c = {spec, NULL, 0, 40, DECODE};
         g_case = &c;
