@@ -135,6 +135,10 @@ int main(void)
                    r.k.p10);
             CHECKF(fabs(r.v.mean - 1) < 1e-6 && fabs(r.v.p10 - 1) < 1e-6, "V %f %f", r.v.mean,
                    r.v.p10);
+            /* identical layers: every norm ratio is 1 */
+            CHECKF(r.k_ratio.n == NTOK && fabs(r.k_ratio.p10 - 1) < 1e-6 &&
+                       fabs(r.k_ratio.p90 - 1) < 1e-6 && fabs(r.v_ratio.p50 - 1) < 1e-6,
+                   "norm ratios K %f..%f V %f", r.k_ratio.p10, r.k_ratio.p90, r.v_ratio.p50);
             kvs_session_free(s);
         }
         kvs_model_free(m);

@@ -29,6 +29,16 @@ static void print_table(const kvs_layer_sim *r, int n)
                r[i].k.p10, r[i].k.p50, r[i].k.p90, r[i].v.mean, r[i].v.p10, r[i].v.p50,
                r[i].v.p90);
     }
+    printf("\nnorm ratio ||x(l+1)|| / ||x(l)|| per token (SLERP keeps both norms, Mean does not)\n");
+    printf("%-7s %7s %7s %7s   %7s %7s %7s\n", "pair", "K p10", "K p50", "K p90", "V p10",
+           "V p50", "V p90");
+    for (int i = 0; i < n; i++) {
+        char pair[32];
+        snprintf(pair, sizeof pair, "(%d,%d)", r[i].layer, r[i].layer + 1);
+        printf("%-7s %7.4f %7.4f %7.4f   %7.4f %7.4f %7.4f\n", pair, r[i].k_ratio.p10,
+               r[i].k_ratio.p50, r[i].k_ratio.p90, r[i].v_ratio.p10, r[i].v_ratio.p50,
+               r[i].v_ratio.p90);
+    }
 }
 
 /* The table as JSON; NULL when out of memory. */
@@ -47,10 +57,13 @@ static char *json_table(const kvs_layer_sim *r, int n, const char *model, int n_
             "%s\n  {\"model\": \"%s\", \"unit\": \"token\", \"tokens\": %d, \"layer\": %d, "
             "\"next_layer\": %d, \"k_mean\": %.6f, \"k_p10\": %.6f, \"k_p50\": %.6f, "
             "\"k_p90\": %.6f, \"v_mean\": %.6f, \"v_p10\": %.6f, \"v_p50\": %.6f, "
-            "\"v_p90\": %.6f}",
+            "\"v_p90\": %.6f, \"k_norm_ratio_p10\": %.6f, \"k_norm_ratio_p50\": %.6f, "
+            "\"k_norm_ratio_p90\": %.6f, \"v_norm_ratio_p10\": %.6f, \"v_norm_ratio_p50\": %.6f, "
+            "\"v_norm_ratio_p90\": %.6f}",
             i ? "," : "", cli_json_escape(esc, sizeof esc, model), n_tokens, r[i].layer,
             r[i].layer + 1, r[i].k.mean, r[i].k.p10, r[i].k.p50, r[i].k.p90, r[i].v.mean,
-            r[i].v.p10, r[i].v.p50, r[i].v.p90);
+            r[i].v.p10, r[i].v.p50, r[i].v.p90, r[i].k_ratio.p10, r[i].k_ratio.p50,
+            r[i].k_ratio.p90, r[i].v_ratio.p10, r[i].v_ratio.p50, r[i].v_ratio.p90);
     off += (size_t)snprintf(buf + off, cap - off, "\n]\n");
     *len = off;
     return buf;

@@ -38,6 +38,14 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+static double l2(const float *x, int n)
+{
+    double s = 0;
+    for (int i = 0; i < n; i++)
+        s += (double)x[i] * x[i];
+    return sqrt(s);
+}
+
 static void summarise(double *c, int n, kvs_sim_summary *s)
 {
     double sum = 0;
@@ -93,7 +101,8 @@ kvs_status kvs_layer_similarity(const kvs_kv *kv, kvs_layer_sim *out, kvs_error 
     int d = c->n_kv_heads * c->head_dim;
     float *a = malloc(sizeof(float) * (size_t)d), *b = malloc(sizeof(float) * (size_t)d);
     double *cs = malloc(sizeof(double) * (size_t)(n ? n : 1));
-    if (!a || !b || !cs) {
+    double *ratio = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    if (!a || !b || !cs || !ratio) {
         s = kvs_fail(err, KVS_ERR_NOMEM, "out of memory for the layer similarity of %d tokens",
                      n);
         goto done;
@@ -101,17 +110,23 @@ kvs_status kvs_layer_similarity(const kvs_kv *kv, kvs_layer_sim *out, kvs_error 
     for (int l = 0; l + 1 < c->n_layers; l++) {
         out[l].layer = l;
         for (int kind = 0; kind < 2; kind++) {
+            int nr = 0;
             for (int t = 0; t < n; t++) {
                 token_vec(st, l, t, kind, a);
                 token_vec(st, l + 1, t, kind, b);
                 cs[t] = kvs_cosine(a, b, d);
+                const double na = l2(a, d);
+                if (na > 0)
+                    ratio[nr++] = l2(b, d) / na;
             }
             summarise(cs, n, kind == 0 ? &out[l].k : &out[l].v);
+            summarise(ratio, nr, kind == 0 ? &out[l].k_ratio : &out[l].v_ratio);
         }
     }
 done:
     free(a);
     free(b);
     free(cs);
+    free(ratio);
     return s;
 }

@@ -16,6 +16,10 @@ typedef struct kvs_sim_summary {
 typedef struct kvs_layer_sim {
     int layer; /* the pair (layer, layer + 1) */
     kvs_sim_summary k, v;
+    /* Per token ||x^(l+1)|| / ||x^l|| (tokens with a zero vector in layer l left out): SLERP
+     * keeps each layer's norm where the Mean merge gives both the norm of the average, so its
+     * edge over Mean grows with how far these ratios are from 1. */
+    kvs_sim_summary k_ratio, v_ratio;
 } kvs_layer_sim;
 
 /* Cosine similarity of a and b (n floats), in double; 0 when either is all zeros. */
