@@ -153,6 +153,6 @@ if command -v gnuplot >/dev/null; then
     >/dev/null 2>"$TMP/err" && [ "$(head -c 4 "$TMP/p.png" | od -An -c | tr -d ' ')" = '211PNG' ] \
     && pass "plot across types is a PNG" || fail "plot: $(head -c 400 "$TMP/err")"
 fi
-"$KVS_BIN" eval --help | grep -q -- "--kv-type TYPE" && pass "--kv-type in eval --help" \
+"$KVS_BIN" eval --help >"$TMP/help" && grep -q -- "--kv-type TYPE" "$TMP/help" && pass "--kv-type in eval --help" \
   || fail "eval --help"
 finish

@@ -122,8 +122,8 @@ expect_exit 2 "a fidelity flag" "unknown option '--prompt-len'" \
   "${RECALL[@]}" --prompts "$P/recall-256" --kv full --prompt-len=3
 expect_exit 2 "unknown task" "unknown task 'bogus'" \
   "$KVS_BIN" eval --task bogus -m "$R/recall.bin" --kv full
-"$KVS_BIN" eval --task recall --help | grep -q -- '--prompts DIR' && pass "recall --help" \
+"$KVS_BIN" eval --task recall --help >"$TMP/rhelp" && grep -q -- '--prompts DIR' "$TMP/rhelp" && pass "recall --help" \
   || fail "recall --help"
-"$KVS_BIN" eval --help | grep -q -- '--task TASK' && pass "eval --help lists --task" \
+"$KVS_BIN" eval --help >"$TMP/help" && grep -q -- '--task TASK' "$TMP/help" && pass "eval --help lists --task" \
   || fail "eval --help"
 finish
