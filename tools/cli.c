@@ -114,3 +114,28 @@ const char *cli_json_escape(char *buf, size_t size, const char *s)
     buf[n] = 0;
     return buf;
 }
+
+void cli_json_num(FILE *f, double v)
+{
+    if (isfinite(v))
+        fprintf(f, "%.10g", v);
+    else
+        fputs("null", f);
+}
+
+void cli_json_str(FILE *f, const char *s)
+{
+    char buf[4096];
+    fprintf(f, "\"%s\"", cli_json_escape(buf, sizeof buf, s));
+}
+
+void cli_csv_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"')
+            fputc('"', f);
+        fputc(*s, f);
+    }
+    fputc('"', f);
+}

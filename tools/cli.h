@@ -3,6 +3,7 @@
 #define KVS_CLI_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "kvslim_tools.h"
@@ -63,6 +64,12 @@ int cli_status_exit(kvs_status st);
 
 /* s as the body of a JSON string (quotes, backslashes and control bytes escaped). */
 const char *cli_json_escape(char *buf, size_t size, const char *s);
+/* Writes v as a JSON number (%.10g), or null when it is not finite. */
+void cli_json_num(FILE *f, double v);
+/* Writes s as a quoted JSON string (escaped; at most 4095 bytes of it). */
+void cli_json_str(FILE *f, const char *s);
+/* Writes s as a quoted CSV field (inner quotes doubled). */
+void cli_csv_str(FILE *f, const char *s);
 
 double cli_now(void);
 int cli_default_threads(void);

@@ -83,30 +83,6 @@ static const char *kind_name(kvs_policy_kind k)
     return "";
 }
 
-static void json_num(FILE *f, double v)
-{
-    if (isfinite(v))
-        fprintf(f, "%.10g", v);
-    else
-        fputs("null", f);
-}
-
-static void json_str(FILE *f, const char *s)
-{
-    char buf[4096];
-    fprintf(f, "\"%s\"", cli_json_escape(buf, sizeof buf, s));
-}
-
-static void csv_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"')
-            fputc('"', f);
-        fputc(*s, f);
-    }
-    fputc('"', f);
-}
 
 /* The report lines as one CSV field, joined by "; ". */
 static void csv_notes(FILE *f, const char *report)
@@ -122,7 +98,7 @@ static void csv_notes(FILE *f, const char *report)
         }
     }
     joined[n] = 0;
-    csv_str(f, joined);
+    cli_csv_str(f, joined);
 }
 
 static char *to_json(const row *rows, int n, size_t *len)
@@ -135,55 +111,55 @@ static char *to_json(const row *rows, int n, size_t *len)
     for (int i = 0; i < n; i++) {
         const kvs_eval_result *r = &rows[i].r;
         fputs("  {\"policy\": ", f);
-        json_str(f, r->policy);
+        cli_json_str(f, r->policy);
         fputs(", \"params\": ", f);
-        json_str(f, r->params);
+        cli_json_str(f, r->params);
         fputs(", \"kv_type\": ", f);
-        json_str(f, r->kv_type);
+        cli_json_str(f, r->kv_type);
         fputs(", \"budget\": ", f);
         if (r->budget > 0)
-            json_num(f, r->budget);
+            cli_json_num(f, r->budget);
         else
             fputs("null", f);
         fputs(", \"kl\": ", f);
-        json_num(f, r->kl);
+        cli_json_num(f, r->kl);
         fputs(", \"top1\": ", f);
-        json_num(f, r->top1);
+        cli_json_num(f, r->top1);
         fputs(", \"ppl\": ", f);
-        json_num(f, r->ppl);
+        cli_json_num(f, r->ppl);
         fputs(", \"ppl_full\": ", f);
-        json_num(f, r->ppl_full);
+        cli_json_num(f, r->ppl_full);
         fputs(", \"attn_recall\": ", f);
-        json_num(f, r->attn_recall);
+        cli_json_num(f, r->attn_recall);
         fputs(", \"slots_attended_mean\": ", f);
-        json_num(f, r->slots_attended_mean);
+        cli_json_num(f, r->slots_attended_mean);
         fprintf(f, ", \"kv_bytes\": %zu, \"kv_bytes_mean\": ", r->kv_bytes);
-        json_num(f, r->kv_bytes_mean);
+        cli_json_num(f, r->kv_bytes_mean);
         fprintf(f, ", \"kv_bytes_end\": %zu, \"kv_bytes_full_f16\": ", r->kv_bytes_end);
-        json_num(f, r->kv_bytes_full_f16);
+        cli_json_num(f, r->kv_bytes_full_f16);
         fputs(", \"kv_bytes_rel_f16\": ", f);
-        json_num(f, r->kv_bytes_rel_f16);
+        cli_json_num(f, r->kv_bytes_rel_f16);
         fputs(", \"slots_kept\": ", f);
-        json_num(f, r->slots_kept);
+        cli_json_num(f, r->slots_kept);
         fprintf(f, ", \"budget_slots\": %d, \"budget_label\": ", r->budget_slots);
-        json_str(f, rows[i].label);
+        cli_json_str(f, rows[i].label);
         fputs(", \"kind\": ", f);
-        json_str(f, kind_name(r->kind));
+        cli_json_str(f, kind_name(r->kind));
         fputs(", \"equal_memory_of\": ", f);
         if (rows[i].eq)
-            json_str(f, rows[i].eq_of);
+            cli_json_str(f, rows[i].eq_of);
         else
             fputs("null", f);
         fprintf(f, ", \"kv_bytes_peak_run\": %zu, \"rows\": %d, \"seconds\": ",
                 r->kv_bytes_peak_run, r->n_rows);
-        json_num(f, r->seconds);
+        cli_json_num(f, r->seconds);
         fputs(", \"report\": [", f);
         for (const char *p = r->report; *p;) {
             char line[KVS_EVAL_REPORT_BYTES];
             size_t len = strcspn(p, "\n");
             snprintf(line, sizeof line, "%.*s", (int)len, p);
             fputs(p == r->report ? "" : ", ", f);
-            json_str(f, line);
+            cli_json_str(f, line);
             p += len + (p[len] == '\n');
         }
         fprintf(f, "]}%s\n", i + 1 < n ? "," : "");
@@ -209,9 +185,9 @@ static char *to_csv(const row *rows, int n, size_t *len)
           f);
     for (int i = 0; i < n; i++) {
         const kvs_eval_result *r = &rows[i].r;
-        csv_str(f, r->policy);
+        cli_csv_str(f, r->policy);
         fputc(',', f);
-        csv_str(f, r->params);
+        cli_csv_str(f, r->params);
         fputc(',', f);
         if (r->budget > 0)
             fprintf(f, "%.10g", r->budget);
@@ -219,13 +195,13 @@ static char *to_csv(const row *rows, int n, size_t *len)
                 r->top1, r->ppl, r->ppl_full, r->attn_recall, r->slots_attended_mean,
                 r->kv_bytes, r->kv_bytes_mean, r->kv_bytes_full_f16, r->slots_kept,
                 r->budget_slots);
-        csv_str(f, rows[i].label);
+        cli_csv_str(f, rows[i].label);
         fputc(',', f);
-        csv_str(f, kind_name(r->kind));
+        cli_csv_str(f, kind_name(r->kind));
         fputc(',', f);
-        csv_str(f, rows[i].eq ? rows[i].eq_of : "");
+        cli_csv_str(f, rows[i].eq ? rows[i].eq_of : "");
         fprintf(f, ",%zu,%d,%.4f,", r->kv_bytes_peak_run, r->n_rows, r->seconds);
-        csv_str(f, r->kv_type);
+        cli_csv_str(f, r->kv_type);
         fprintf(f, ",%zu,%.10g,", r->kv_bytes_end, r->kv_bytes_rel_f16);
         csv_notes(f, r->report);
         fputc('\n', f);

@@ -279,30 +279,6 @@ static int reserve(void **v, int *cap, int need, size_t elem)
     return 0;
 }
 
-static void json_num(FILE *f, double v)
-{
-    if (isfinite(v))
-        fprintf(f, "%.10g", v);
-    else
-        fputs("null", f);
-}
-
-static void json_str(FILE *f, const char *s)
-{
-    char buf[4096];
-    fprintf(f, "\"%s\"", cli_json_escape(buf, sizeof buf, s));
-}
-
-static void csv_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"')
-            fputc('"', f);
-        fputc(*s, f);
-    }
-    fputc('"', f);
-}
 
 static double accuracy(const config_row *c)
 {
@@ -319,39 +295,39 @@ static char *to_json(const results *rs, size_t *len)
     for (int i = 0; i < rs->nc; i++) {
         const config_row *c = &rs->c[i];
         fputs("  {\"policy\": ", f);
-        json_str(f, c->policy);
+        cli_json_str(f, c->policy);
         fputs(", \"params\": ", f);
-        json_str(f, c->params);
+        cli_json_str(f, c->params);
         fputs(", \"budget\": ", f);
         if (c->budget > 0)
-            json_num(f, c->budget);
+            cli_json_num(f, c->budget);
         else
             fputs("null", f);
         fputs(", \"budget_label\": ", f);
-        json_str(f, c->label);
+        cli_json_str(f, c->label);
         fputs(", \"kv_type\": ", f);
-        json_str(f, c->kv_type);
+        cli_json_str(f, c->kv_type);
         fputs(", \"prompts\": ", f);
-        json_str(f, c->prompts);
+        cli_json_str(f, c->prompts);
         fprintf(f, ", \"n_prompts\": %d, \"n_answers\": %d, \"n_correct\": %d, \"accuracy\": ",
                 c->n_prompts, c->n_answers, c->n_correct);
-        json_num(f, accuracy(c));
+        cli_json_num(f, accuracy(c));
         fputs(", \"margin_mean\": ", f);
-        json_num(f, c->margin_mean);
+        cli_json_num(f, c->margin_mean);
         fputs(", \"margin_min\": ", f);
-        json_num(f, c->margin_min);
+        cli_json_num(f, c->margin_min);
         fputs(", \"attended_share\": ", f);
-        json_num(f, c->attended_share);
+        cli_json_num(f, c->attended_share);
         fputs(", \"slots_attended_mean\": ", f);
-        json_num(f, c->slots_attended);
+        cli_json_num(f, c->slots_attended);
         fputs(", \"slots_kept_mean\": ", f);
-        json_num(f, c->slots_kept);
+        cli_json_num(f, c->slots_kept);
         fputs(", \"kv_bytes_mean\": ", f);
-        json_num(f, c->kv_bytes_mean);
+        cli_json_num(f, c->kv_bytes_mean);
         fputs(", \"context_mean\": ", f);
-        json_num(f, c->context_mean);
+        cli_json_num(f, c->context_mean);
         fputs(", \"seconds\": ", f);
-        json_num(f, c->seconds);
+        cli_json_num(f, c->seconds);
         fprintf(f, "}%s\n", i + 1 < rs->nc ? "," : "");
     }
     fputs("]\n", f);
@@ -391,7 +367,7 @@ static char *to_csv(const results *rs, const kvs_model *m, size_t *len)
         const config_row *c = &rs->c[p->config];
         const char *cols[] = {c->policy, c->params, c->label, c->kv_type, c->prompts, p->name};
         for (size_t k = 0; k < sizeof cols / sizeof cols[0]; k++) {
-            csv_str(f, cols[k]);
+            cli_csv_str(f, cols[k]);
             fputc(',', f);
         }
         int shown = p->r.n_answers < KVS_RECALL_SHOWN ? p->r.n_answers : KVS_RECALL_SHOWN;
@@ -409,9 +385,9 @@ static char *to_csv(const results *rs, const kvs_model *m, size_t *len)
         fprintf(f, "%d,%d,%.6f,%.6f,", p->r.n_answers,
                 p->r.n_correct, p->r.n_answers ? p->r.margin_sum / p->r.n_answers : 0.0,
                 p->r.margin_min);
-        csv_str(f, exp);
+        cli_csv_str(f, exp);
         fputc(',', f);
-        csv_str(f, got);
+        cli_csv_str(f, got);
         fprintf(f, ",%.6f,%.4f,%d,%.1f,%.4f\n", p->r.attended_share, p->r.slots_attended,
                 p->r.slots_kept, p->r.kv_bytes_mean, p->r.seconds);
     }

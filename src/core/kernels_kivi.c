@@ -60,39 +60,10 @@ static inline __attribute__((always_inline)) void axpy_body(float *y, const uint
     *dp = d;
 }
 
-/* 32 codes of 2, 4 or 8 bits starting at a byte boundary, in order, as four vectors of 8. */
-static inline __attribute__((always_inline)) void codes32(const uint8_t *p, int bits, __m256 out[4])
-{
-    __m128i lo, hi; /* codes 0..15 and 16..31 as bytes */
-    if (bits == 8) {
-        lo = _mm_loadu_si128((const __m128i *)(const void *)p);
-        hi = _mm_loadu_si128((const __m128i *)(const void *)(p + 16));
-    } else if (bits == 4) {
-        const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)p), m = _mm_set1_epi8(0x0F);
-        const __m128i ev = _mm_and_si128(b, m), od = _mm_and_si128(_mm_srli_epi16(b, 4), m);
-        lo = _mm_unpacklo_epi8(ev, od);
-        hi = _mm_unpackhi_epi8(ev, od);
-    } else { /* 2 */
-        uint64_t raw;
-        memcpy(&raw, p, 8);
-        const __m128i b = _mm_cvtsi64_si128((long long)raw), m = _mm_set1_epi8(3);
-        const __m128i c0 = _mm_and_si128(b, m), c1 = _mm_and_si128(_mm_srli_epi16(b, 2), m),
-                      c2 = _mm_and_si128(_mm_srli_epi16(b, 4), m),
-                      c3 = _mm_and_si128(_mm_srli_epi16(b, 6), m);
-        const __m128i x01 = _mm_unpacklo_epi8(c0, c1), x23 = _mm_unpacklo_epi8(c2, c3);
-        lo = _mm_unpacklo_epi16(x01, x23);
-        hi = _mm_unpackhi_epi16(x01, x23);
-    }
-    out[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-    out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-    out[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-    out[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
-}
-
-#if KVS_AVX512
-/* 32 codes as two vectors of 16 (AVX-512: one widening per 16 codes, no lane shuffles). */
-static inline __attribute__((always_inline)) void codes32x16(const uint8_t *p, int bits,
-                                                              __m512 out[2])
+/* 32 codes of 2, 4 or 8 bits starting at a byte boundary, in order, as bytes: codes 0..15 in
+ * *lo, 16..31 in *hi. */
+static inline __attribute__((always_inline)) void codes32_bytes(const uint8_t *p, int bits,
+                                                                __m128i *lo_out, __m128i *hi_out)
 {
     __m128i lo, hi;
     if (bits == 8) {
@@ -114,6 +85,28 @@ static inline __attribute__((always_inline)) void codes32x16(const uint8_t *p, i
         lo = _mm_unpacklo_epi16(x01, x23);
         hi = _mm_unpackhi_epi16(x01, x23);
     }
+    *lo_out = lo;
+    *hi_out = hi;
+}
+
+/* The same 32 codes as four vectors of 8 floats. */
+static inline __attribute__((always_inline)) void codes32(const uint8_t *p, int bits, __m256 out[4])
+{
+    __m128i lo, hi; /* codes 0..15 and 16..31 as bytes */
+    codes32_bytes(p, bits, &lo, &hi);
+    out[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+    out[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    out[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+#if KVS_AVX512
+/* 32 codes as two vectors of 16 (AVX-512: one widening per 16 codes, no lane shuffles). */
+static inline __attribute__((always_inline)) void codes32x16(const uint8_t *p, int bits,
+                                                              __m512 out[2])
+{
+    __m128i lo, hi;
+    codes32_bytes(p, bits, &lo, &hi);
     out[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo));
     out[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi));
 }
