@@ -30,6 +30,7 @@ for kv in full "$policy"; do
   tail -c +"$(( $(wc -c <"$out/prompt.txt") + 1 ))" "$out/$kv.txt" | fold -s -w 100
 done
 echo
-echo "== Fidelity against the full cache (teacher-forced, prompt 384 of the 512 golden tokens)"
+echo "== Fidelity against the full cache (teacher-forced, prompt 384 of the 512 golden tokens),"
+echo "   with F32 and with KIVI 4-bit KV storage"
 "$kvslim" eval -m "$model" --tokens "$shared/models/golden/stories260K-sample-512.tokens" \
-  --prompt-len 384 --kv "$policy" --kv streaming:budget=0.25
+  --prompt-len 384 --kv full --kv "$policy" --kv streaming:budget=0.25 --kv-type f32,kivi4
