@@ -245,6 +245,8 @@ typedef struct config_row {
     double budget; /* as in the spec: a fraction or a slot count; 0 = none */
     double margin_mean, margin_min, attended_share, slots_attended, kv_bytes_mean, slots_kept,
         context_mean, seconds;
+    int n_layer_shares;
+    double layer_share[KVS_RECALL_MAX_LAYERS]; /* attended share per layer, mean over prompts */
 } config_row;
 
 typedef struct prompt_row {
@@ -318,6 +320,13 @@ static char *to_json(const results *rs, size_t *len)
         cli_json_num(f, c->margin_min);
         fputs(", \"attended_share\": ", f);
         cli_json_num(f, c->attended_share);
+        fputs(", \"attended_share_layers\": [", f);
+        for (int l = 0; l < c->n_layer_shares; l++) {
+            if (l)
+                fputs(", ", f);
+            cli_json_num(f, c->layer_share[l]);
+        }
+        fputs("]", f);
         fputs(", \"slots_attended_mean\": ", f);
         cli_json_num(f, c->slots_attended);
         fputs(", \"slots_kept_mean\": ", f);
@@ -664,6 +673,9 @@ static int run_config(const char *cmd, recall_state *e, const prompt_set *set, c
         if (i == 0 || r->margin_min < c.margin_min)
             c.margin_min = r->margin_min;
         c.attended_share += r->attended_share / set->n;
+        c.n_layer_shares = r->n_layer_shares;
+        for (int l = 0; l < r->n_layer_shares; l++)
+            c.layer_share[l] += r->layer_share[l] / set->n;
         c.slots_attended += r->slots_attended / set->n;
         c.slots_kept += (double)r->slots_kept / set->n;
         c.kv_bytes_mean += r->kv_bytes_mean / set->n;

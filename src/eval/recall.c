@@ -278,6 +278,7 @@ kvs_status kvs_recall_run(const kvs_model *m, const kvs_recall_setup *s, const c
                               ((size_t)info.n_layers * (size_t)info.n_kv_heads));
     }
     double attended = 0, share = 0, bytes = 0;
+    r->n_layer_shares = info.n_layers < KVS_RECALL_MAX_LAYERS ? info.n_layers : KVS_RECALL_MAX_LAYERS;
     for (int t = C; t < T && st == KVS_OK; t++) {
         if ((st = kvs_session_eval(sess, p->tokens + t, 1, logits, 0, err)) != KVS_OK)
             break;
@@ -285,6 +286,8 @@ kvs_status kvs_recall_run(const kvs_model *m, const kvs_recall_setup *s, const c
         kvs_session_last_step(sess, &ss);
         attended += ss.slots_attended;
         share += ss.slots_attended / (double)(t + 1); /* t + 1 tokens seen, this one included */
+        for (int l = 0; l < r->n_layer_shares; l++)
+            r->layer_share[l] += kvs_kv_last_step_layer(kvs_session_kv(sess), l) / (double)(t + 1);
         size_t b = kvs_session_kv_bytes(sess);
         bytes += (double)b;
         if (b > r->kv_bytes_max)
@@ -295,6 +298,8 @@ kvs_status kvs_recall_run(const kvs_model *m, const kvs_recall_setup *s, const c
         r->n_steps = T - C;
         r->slots_attended = attended / r->n_steps;
         r->attended_share = share / r->n_steps;
+        for (int l = 0; l < r->n_layer_shares; l++)
+            r->layer_share[l] /= r->n_steps;
         r->kv_bytes_mean = bytes / r->n_steps;
         r->seconds = now() - t0;
     }

@@ -76,6 +76,8 @@ typedef struct kvs_recall_setup {
 
 /* Predictions kept per prompt (for printing). */
 #define KVS_RECALL_SHOWN 8
+/* Layers whose attended share is reported one by one (the first ones of a deeper model). */
+#define KVS_RECALL_MAX_LAYERS 16
 
 /* One policy on one prompt. */
 typedef struct kvs_recall_result {
@@ -86,6 +88,8 @@ typedef struct kvs_recall_result {
     int n_steps;              /* decode steps: n_tokens - context */
     double slots_attended;    /* mean over decode steps (per layer and query head) */
     double attended_share;    /* mean over decode steps of slots attended / tokens seen */
+    int n_layer_shares;       /* min(n_layers, KVS_RECALL_MAX_LAYERS) */
+    double layer_share[KVS_RECALL_MAX_LAYERS]; /* the same, layer by layer */
     double kv_bytes_mean;     /* mean over decode steps */
     size_t kv_bytes_max;
     int slots_kept;           /* live slots per (layer, KV head) right after the context */

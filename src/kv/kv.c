@@ -28,6 +28,8 @@ struct kvs_kv {
 
     double step_slots, step_recall;
     int step_layers;
+    double *layer_slots, *last_layer_slots; /* per layer: slots attended summed over query
+                                             * heads in this step / the last decode step */
     kvs_kv_step_stats last;
     size_t peak;
     double decode_seconds;
@@ -80,7 +82,10 @@ kvs_status kvs_kv_new(const kvs_kv_config *cfg, const kvs_policy_spec *spec, kvs
     kv->scratch = kvs_attn_scratch_new();
     kv->n_sel = calloc((size_t)cfg->n_kv_heads, sizeof *kv->n_sel);
     kv->sel_ptrs = calloc((size_t)cfg->n_kv_heads, sizeof *kv->sel_ptrs);
-    int ok = kv->store && kv->scratch && kv->n_sel && kv->sel_ptrs;
+    kv->layer_slots = calloc((size_t)cfg->n_layers, sizeof *kv->layer_slots);
+    kv->last_layer_slots = calloc((size_t)cfg->n_layers, sizeof *kv->last_layer_slots);
+    int ok = kv->store && kv->scratch && kv->n_sel && kv->sel_ptrs && kv->layer_slots &&
+             kv->last_layer_slots;
     if (ok && cfg->shadow) {
         kvs_store_config shc = sc;
         shc.max_slots = cfg->max_slots;
@@ -116,6 +121,8 @@ void kvs_kv_free(kvs_kv *kv)
     free(kv->fbuf);
     free(kv->sel);
     free(kv->n_sel);
+    free(kv->layer_slots);
+    free(kv->last_layer_slots);
     free(kv->sel_ptrs);
     free(kv->recall_row);
     free(kv);
@@ -133,6 +140,8 @@ void kvs_kv_reset(kvs_kv *kv)
     kv->decode_seconds = 0;
     kv->prefill_hook_seconds = 0;
     memset(&kv->last, 0, sizeof kv->last);
+    memset(kv->layer_slots, 0, sizeof *kv->layer_slots * (size_t)kv->cfg.n_layers);
+    memset(kv->last_layer_slots, 0, sizeof *kv->last_layer_slots * (size_t)kv->cfg.n_layers);
 }
 
 kvs_status kvs_kv_begin_prompt(kvs_kv *kv, int n_prompt, kvs_error *err)
@@ -344,6 +353,7 @@ static kvs_status decode_layer(kvs_kv *kv, kvs_pool *pool, int layer, const floa
             update_peak(kv);
             /* Every position is attended (restored): the recall is 1 for each head. */
             kv->step_slots += (double)attended * kv->cfg.n_heads;
+            kv->layer_slots[layer] += (double)attended * kv->cfg.n_heads;
             kv->step_recall += kv->cfg.n_heads;
             kv->step_layers++;
             return KVS_OK;
@@ -403,6 +413,7 @@ static kvs_status decode_layer(kvs_kv *kv, kvs_pool *pool, int layer, const floa
         int kvh = h / group;
         int attended = a.sel ? a.n_sel[kvh] : kvs_store_count(kv->store, layer, kvh);
         kv->step_slots += attended;
+        kv->layer_slots[layer] += attended;
         if (kv->shadow) {
             size_t need = (size_t)kvs_store_count(kv->shadow, layer, kvh);
             if (need > kv->recall_cap) {
@@ -463,9 +474,12 @@ void kvs_kv_end_batch(kvs_kv *kv, int n)
         double heads = (double)kv->step_layers * kv->cfg.n_heads;
         kv->last.slots_attended = kv->step_slots / heads;
         kv->last.attn_recall = kv->shadow ? kv->step_recall / heads : 1.0;
+        for (int l = 0; l < kv->cfg.n_layers; l++)
+            kv->last_layer_slots[l] = kv->layer_slots[l] / kv->cfg.n_heads;
     }
     kv->step_slots = kv->step_recall = 0;
     kv->step_layers = 0;
+    memset(kv->layer_slots, 0, sizeof *kv->layer_slots * (size_t)kv->cfg.n_layers);
     update_peak(kv);
 }
 
@@ -571,6 +585,11 @@ size_t kvs_kv_bytes_full_f16(const kvs_kv *kv, int64_t n_tokens)
 }
 
 void kvs_kv_last_step(const kvs_kv *kv, kvs_kv_step_stats *st) { *st = kv->last; }
+
+double kvs_kv_last_step_layer(const kvs_kv *kv, int layer)
+{
+    return layer >= 0 && layer < kv->cfg.n_layers ? kv->last_layer_slots[layer] : 0.0;
+}
 
 void kvs_kv_set_observer(kvs_kv *kv, kvs_kv_observer fn, void *ctx)
 {

@@ -75,6 +75,9 @@ typedef struct kvs_kv_step_stats {
     double attn_recall;    /* share of the full softmax mass on attended slots (shadow only) */
 } kvs_kv_step_stats;
 void kvs_kv_last_step(const kvs_kv *kv, kvs_kv_step_stats *st);
+/* Slots attended per query head in one layer at the last decode step (0 for a layer out of
+ * range): retrieval needs to see which layers a policy compresses. */
+double kvs_kv_last_step_layer(const kvs_kv *kv, int layer);
 
 /* Wall time spent in the kv layer (policy hooks and attention) during decode steps since the
  * last reset, in seconds. */

@@ -71,6 +71,18 @@ grep -q '^| recall-256 | full | - | f32 | 5 | 100.0% | 24.00 | 1.0000 |' "$TMP/t
 [ "$(grep -c 'done in' "$TMP/err")" = 4 ] && pass "one stderr line per configuration" \
   || fail "stderr: $(head -c 300 "$TMP/err")"
 
+# The attended share layer by layer: quest with dense_layers=1 attends all of layer 0 and a
+# small share of layer 1; the full cache all of both.
+"${RECALL[@]}" --prompts "$P/recall-1024" --kv full --kv quest:dense_layers=1 --budget 0.05 \
+  --limit 2 --json "$TMP/layers.json" >/dev/null 2>&1 || fail "per-layer share run"
+python3 - "$TMP/layers.json" <<'PY' && pass "attended share per layer" || fail "attended_share_layers: $(head -c 600 "$TMP/layers.json")"
+import json, sys
+d = json.load(open(sys.argv[1])); rows = d["rows"] if isinstance(d, dict) else d
+full = [r for r in rows if r["policy"] == "full"][0]["attended_share_layers"]
+quest = [r for r in rows if r["policy"] == "quest"][0]["attended_share_layers"]
+assert full == [1, 1], full
+assert len(quest) == 2 and quest[0] == 1 and 0 < quest[1] < 0.2, quest
+PY
 # Quest's default dense_layers=2 covers both layers of this model: warned.
 "${RECALL[@]}" --prompts "$P/recall-256" --kv quest:budget=0.1 --limit 2 >/dev/null 2>"$TMP/err" \
   && grep -q 'warning: --kv quest:budget=0.1: dense_layers=2 covers all 2 layers' "$TMP/err" \
