@@ -49,6 +49,9 @@ kvs_outfile_spec cli_output(const char *flag, const char *path, const kvs_outfil
 int cli_check_output(const char *cmd, const kvs_outfile_spec *out, kvs_outfile_kind *kind);
 /* Writes data to out. */
 int cli_write_output(const char *cmd, const kvs_outfile_spec *out, const void *data, size_t len);
+/* Writes a buffer a builder returned (malloc'd; NULL means it ran out of memory) to out, and
+ * frees it; -1 after printing why. */
+int cli_write_built(const char *cmd, const kvs_outfile_spec *out, char *buf, size_t len);
 /* Writes data to path (no flag, no inputs): cli_write_output(cli_output(NULL, path, NULL, 0)). */
 int cli_write_file(const char *cmd, const char *path, const void *data, size_t len);
 /* Copies the file src_path to out (e.g. a model file to a FIFO). */

@@ -110,6 +110,17 @@ int cli_write_output(const char *cmd, const kvs_outfile_spec *out, const void *d
     return 0;
 }
 
+int cli_write_built(const char *cmd, const kvs_outfile_spec *out, char *buf, size_t len)
+{
+    if (!buf) {
+        cli_error(cmd, "out of memory");
+        return -1;
+    }
+    int rc = cli_write_output(cmd, out, buf, len);
+    free(buf);
+    return rc;
+}
+
 int cli_write_file(const char *cmd, const char *path, const void *data, size_t len)
 {
     kvs_outfile_spec out = cli_output(NULL, path, NULL, 0);

@@ -389,26 +389,15 @@ static int load_and_check(const char *cmd, const cli_args *a, eval_state *e, int
  * destinations are written only then). */
 static int save_rows(const char *cmd, const eval_state *e, int final)
 {
-    char *buf;
-    size_t len;
+    size_t len = 0;
     if (e->json_path && (final || e->json_kind != KVS_OUTFILE_THROUGH)) {
-        if (!(buf = to_json(e->rows.v, e->rows.n, &len))) {
-            cli_error(cmd, "out of memory");
-            return -1;
-        }
-        int rc = cli_write_output(cmd, &e->json_out, buf, len);
-        free(buf);
-        if (rc != 0)
+        char *buf = to_json(e->rows.v, e->rows.n, &len);
+        if (cli_write_built(cmd, &e->json_out, buf, len) != 0)
             return -1;
     }
     if (e->csv_path && (final || e->csv_kind != KVS_OUTFILE_THROUGH)) {
-        if (!(buf = to_csv(e->rows.v, e->rows.n, &len))) {
-            cli_error(cmd, "out of memory");
-            return -1;
-        }
-        int rc = cli_write_output(cmd, &e->csv_out, buf, len);
-        free(buf);
-        if (rc != 0)
+        char *buf = to_csv(e->rows.v, e->rows.n, &len);
+        if (cli_write_built(cmd, &e->csv_out, buf, len) != 0)
             return -1;
     }
     return 0;

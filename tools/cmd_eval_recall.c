@@ -600,26 +600,15 @@ static int check_runs(const char *cmd, recall_state *e)
 
 static int save(const char *cmd, const recall_state *e, int final)
 {
-    char *buf;
-    size_t len;
+    size_t len = 0;
     if (e->json_path && (final || e->json_kind != KVS_OUTFILE_THROUGH)) {
-        if (!(buf = to_json(&e->rs, &len))) {
-            cli_error(cmd, "out of memory");
-            return -1;
-        }
-        int rc = cli_write_output(cmd, &e->json_out, buf, len);
-        free(buf);
-        if (rc)
+        char *buf = to_json(&e->rs, &len);
+        if (cli_write_built(cmd, &e->json_out, buf, len) != 0)
             return -1;
     }
     if (e->csv_path && (final || e->csv_kind != KVS_OUTFILE_THROUGH)) {
-        if (!(buf = to_csv(&e->rs, e->m, &len))) {
-            cli_error(cmd, "out of memory");
-            return -1;
-        }
-        int rc = cli_write_output(cmd, &e->csv_out, buf, len);
-        free(buf);
-        if (rc)
+        char *buf = to_csv(&e->rs, e->m, &len);
+        if (cli_write_built(cmd, &e->csv_out, buf, len) != 0)
             return -1;
     }
     return 0;
