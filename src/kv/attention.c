@@ -110,7 +110,7 @@ static void weighted_values_kivi(const kvs_store *s, int layer, int kvh, const f
         return;
     }
     for (int j = 0; j < n; j++) {
-        const int slot = sel ? sel[j] : j;
+        const int slot = sel[j];
         if (slot < v.nqv)
             kvs_kivi_value_acc(out, msum, v.vcodes + (size_t)slot * v.vrow_bytes, p[j], hd,
                                k->v_bits, k->group);
@@ -363,6 +363,8 @@ static kvs_status attend_gemm(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_at
     const kvs_store *s = a->store;
     const kvs_store_config *cfg = kvs_store_cfg(s);
     const int hd = t->hd, group = t->group, n = a->n, rows = group * n;
+    /* KIVI with something quantised: the products run on dequantised copies */
+    const int kivi = kvs_store_kivi(s) && !kivi_all_f16(s, a->layer);
     for (int kvh = 0; kvh < cfg->n_kv_heads; kvh++) {
         const int count = kvs_store_count(s, a->layer, kvh);
         const int32_t *pos = kvs_store_pos(s, a->layer, kvh);
@@ -391,7 +393,6 @@ static kvs_status attend_gemm(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_at
             visible[i] = lo;
         }
         const char *values = kvs_store_values(s, a->layer, kvh);
-        const int kivi = kvs_store_kivi(s) && !kivi_all_f16(s, a->layer);
         for (int j = 0; j < count; j++) {
             float v[hd];
             if (kivi)
