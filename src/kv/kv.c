@@ -26,7 +26,7 @@ struct kvs_kv {
     float *recall_row;
     size_t recall_cap;
 
-    double step_slots, step_recall;
+    double step_recall;
     int step_layers;
     double *layer_slots, *last_layer_slots; /* per layer: slots attended summed over query
                                              * heads in this step / the last decode step */
@@ -352,7 +352,6 @@ static kvs_status decode_layer(kvs_kv *kv, kvs_pool *pool, int layer, const floa
                 return st;
             update_peak(kv);
             /* Every position is attended (restored): the recall is 1 for each head. */
-            kv->step_slots += (double)attended * kv->cfg.n_heads;
             kv->layer_slots[layer] += (double)attended * kv->cfg.n_heads;
             kv->step_recall += kv->cfg.n_heads;
             kv->step_layers++;
@@ -412,7 +411,6 @@ static kvs_status decode_layer(kvs_kv *kv, kvs_pool *pool, int layer, const floa
     for (int h = 0; h < kv->cfg.n_heads; h++) {
         int kvh = h / group;
         int attended = a.sel ? a.n_sel[kvh] : kvs_store_count(kv->store, layer, kvh);
-        kv->step_slots += attended;
         kv->layer_slots[layer] += attended;
         if (kv->shadow) {
             size_t need = (size_t)kvs_store_count(kv->shadow, layer, kvh);
@@ -471,13 +469,15 @@ void kvs_kv_end_batch(kvs_kv *kv, int n)
         if (kv->prompt_left == 0)
             kvs_store_kivi_hold(kv->store, 0);
     } else if (kv->step_layers > 0) {
-        double heads = (double)kv->step_layers * kv->cfg.n_heads;
-        kv->last.slots_attended = kv->step_slots / heads;
-        kv->last.attn_recall = kv->shadow ? kv->step_recall / heads : 1.0;
-        for (int l = 0; l < kv->cfg.n_layers; l++)
+        double heads = (double)kv->step_layers * kv->cfg.n_heads, slots = 0;
+        for (int l = 0; l < kv->cfg.n_layers; l++) {
+            slots += kv->layer_slots[l];
             kv->last_layer_slots[l] = kv->layer_slots[l] / kv->cfg.n_heads;
+        }
+        kv->last.slots_attended = slots / heads;
+        kv->last.attn_recall = kv->shadow ? kv->step_recall / heads : 1.0;
     }
-    kv->step_slots = kv->step_recall = 0;
+    kv->step_recall = 0;
     kv->step_layers = 0;
     memset(kv->layer_slots, 0, sizeof *kv->layer_slots * (size_t)kv->cfg.n_layers);
     update_peak(kv);
