@@ -194,6 +194,8 @@ static void observer(void *ctx, const kvs_kv *kv, int layer, const char *hook)
             expect = min_i(seen, B);
         else if (kind == KVS_KIND_MERGING && n == 0 && (!prefill || !strcmp(hook, "prefill_end")))
             expect = 0; /* a merged layer: the policy holds it (test_minicache checks which) */
+        else if (kind == KVS_KIND_OFFLOADING) /* the rest is in the policy's slow tier */
+            expect = seen - p->type->offloaded(p, layer);
         if (expect >= 0 && n != expect)
             fx_violation(o, "%d live slots, expected %d", layer, h, hook, n, expect);
         if (kind == KVS_KIND_EVICTING && n > B)
@@ -231,6 +233,11 @@ static void check_step(fx_run *r, kvs_session *s, const kvs_model_info *info, in
             case KVS_KIND_SELECTION:
                 if (n != n_past)
                     loop_violation(r, "slots vs tokens", t, l, h, n, n_past);
+                break;
+            case KVS_KIND_OFFLOADING:
+                if (n + p->type->offloaded(p, l) != n_past)
+                    loop_violation(r, "slots + offloaded vs tokens", t, l, h,
+                                   n + p->type->offloaded(p, l), n_past);
                 break;
             case KVS_KIND_ONE_SHOT:
                 if (n != min_i(p->budget, FX_PROMPT) + decoded)

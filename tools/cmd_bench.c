@@ -209,6 +209,7 @@ static int bench(const cli_args *a)
     }
     double sum_prefill = 0, sum_decode = 0, sum_attn_share = 0, sum_hook_share = 0;
     size_t kv_bytes = 0, kv_peak = 0;
+    char report[10240] = "[]"; /* the policy's report lines of the last repetition, as JSON */
     for (int r = 0; r < reps; r++) {
         kvs_session_reset(s);
         cli_progress("prefill", r, reps);
@@ -231,11 +232,19 @@ static int bench(const cli_args *a)
         kv_bytes = kvs_session_kv_bytes(s);
         kv_peak = kvs_session_kv_peak_bytes(s);
         char line[512]; /* the policy's own per-step costs, if it measures any */
+        size_t rlen = (size_t)snprintf(report, sizeof report, "[");
         for (int i = 0; i < 8; i++)
             if (kvs_session_policy_report(s, i, line, sizeof line) == 0) {
                 cli_progress_end();
                 fprintf(stderr, "%s\n", line);
+                char esc[1024];
+                if (rlen < sizeof report)
+                    rlen += (size_t)snprintf(report + rlen, sizeof report - rlen, "%s\"%s\"",
+                                             rlen > 1 ? ", " : "",
+                                             cli_json_escape(esc, sizeof esc, line));
             }
+        if (rlen < sizeof report)
+            snprintf(report + rlen, sizeof report - rlen, "]");
     }
     cli_progress_end();
     double prefill = sum_prefill / reps, decode = sum_decode / reps,
@@ -256,18 +265,18 @@ static int bench(const cli_args *a)
            cli_bytes(kvb, sizeof kvb, (double)kv_bytes), cli_bytes(kvp, sizeof kvp, (double)kv_peak),
            cli_bytes(rssb, sizeof rssb, (double)rss));
     if (json) {
-        char buf[4096], jl[1024], jk[512];
+        char buf[16384], jl[1024], jk[512];
         int len = snprintf(buf, sizeof buf,
                            "{\"model\": \"%s\", \"weight_type\": \"%s\", \"n_params\": %lld, "
                            "\"kv\": \"%s\", \"kv_type\": \"%s\", "
                            "\"threads\": %d, \"n_prompt\": %d, \"n_gen\": %d, "
                            "\"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f, "
                            "\"decode_kv_share\": %.4f, \"prefill_policy_share\": %.4f, \"kv_bytes\": %zu, \"kv_bytes_peak\": %zu, "
-                           "\"peak_rss_bytes\": %zu}\n",
+                           "\"peak_rss_bytes\": %zu, \"policy_report\": %s}\n",
                            cli_json_escape(jl, sizeof jl, label), info.weight_type,
                            (long long)info.n_params, cli_json_escape(jk, sizeof jk, kv_spec),
                            kv_type, threads, n_prompt, n_gen, prefill, decode, attn_share,
-                           hook_share, kv_bytes, kv_peak, rss);
+                           hook_share, kv_bytes, kv_peak, rss, report);
         if (cli_write_output(cmd, &json_out, buf, (size_t)len) != 0) {
             err.msg[0] = 0;
             goto fail;

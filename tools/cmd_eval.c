@@ -79,6 +79,7 @@ static const char *kind_name(kvs_policy_kind k)
     case KVS_KIND_ONE_SHOT: return "one-shot";
     case KVS_KIND_SELECTION: return "selection";
     case KVS_KIND_MERGING: return "merging";
+    case KVS_KIND_OFFLOADING: return "offloading";
     }
     return "";
 }

@@ -264,7 +264,9 @@ static kvs_status prompt_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, con
         a.colsum = kv->fbuf;
         a.colsum_stride = stride;
     }
-    if ((st = kvs_attention(pool, kv->scratch, &a, err)) != KVS_OK)
+    st = t->prefill_attend ? t->prefill_attend(&kv->policy, pool, layer, n, q, pos, out, err)
+                           : kvs_attention(pool, kv->scratch, &a, err);
+    if (st != KVS_OK)
         return st;
 
     const int last = n == kv->prompt_left;
@@ -296,7 +298,7 @@ static kvs_status prompt_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, con
 
 /* Share of the full softmax (query over every shadow key) on the attended positions. */
 static double recall_of(kvs_kv *kv, int layer, int kvh, const float *q, int32_t qpos,
-                        const int *sel, int n_sel)
+                        const int *sel, int n_sel, const int32_t *att_pos)
 {
     const int hd = kv->cfg.head_dim;
     const int n_all = kvs_store_count(kv->shadow, layer, kvh);
@@ -319,8 +321,8 @@ static double recall_of(kvs_kv *kv, int layer, int kvh, const float *q, int32_t 
     for (int j = 0; j < n; j++)
         z += exp((double)p[j] - m);
     /* Walk the attended positions and the shadow positions together (both sorted). */
-    const int32_t *pos = kvs_store_pos(kv->store, layer, kvh);
-    int count = sel ? n_sel : kvs_store_count(kv->store, layer, kvh);
+    const int32_t *pos = att_pos ? att_pos : kvs_store_pos(kv->store, layer, kvh);
+    int count = sel || att_pos ? n_sel : kvs_store_count(kv->store, layer, kvh);
     double mass = 0;
     int j = 0;
     for (int s = 0; s < count; s++) {
@@ -331,6 +333,37 @@ static double recall_of(kvs_kv *kv, int layer, int kvh, const float *q, int32_t 
             mass += exp((double)p[j] - m);
     }
     return mass / z;
+}
+
+static kvs_status reserve_recall_row(kvs_kv *kv, int layer, int kvh, kvs_error *err)
+{
+    size_t need = (size_t)kvs_store_count(kv->shadow, layer, kvh);
+    if (need <= kv->recall_cap)
+        return KVS_OK;
+    float *r = realloc(kv->recall_row, sizeof(float) * need);
+    if (!r)
+        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for the attention recall measurement");
+    kv->recall_row = r;
+    kv->recall_cap = need;
+    return KVS_OK;
+}
+
+/* Attention recall of a layer the policy attended itself, from the positions it names. */
+static kvs_status shadow_recall(kvs_kv *kv, int layer, const float *q, int32_t qpos,
+                                kvs_error *err)
+{
+    const kvs_policy_type *t = kv->policy.type;
+    const int group = kv->cfg.n_heads / kv->cfg.n_kv_heads, hd = kv->cfg.head_dim;
+    for (int h = 0; h < kv->cfg.n_heads; h++) {
+        const int kvh = h / group;
+        kvs_status st = reserve_recall_row(kv, layer, kvh, err);
+        if (st != KVS_OK)
+            return st;
+        const int32_t *att = NULL;
+        const int n = t->attended_positions(&kv->policy, layer, kvh, &att);
+        kv->step_recall += recall_of(kv, layer, kvh, q + (size_t)h * hd, qpos, NULL, n, att);
+    }
+    return KVS_OK;
 }
 
 static kvs_status decode_layer(kvs_kv *kv, kvs_pool *pool, int layer, const float *q,
@@ -351,11 +384,13 @@ static kvs_status decode_layer(kvs_kv *kv, kvs_pool *pool, int layer, const floa
                 (st = kvs_store_append(kv->shadow, layer, 1, k, v, pos, err)) != KVS_OK)
                 return st;
             update_peak(kv);
-            /* Every position is attended (restored): the recall is 1 for each head. */
             kv->layer_slots[layer] += (double)attended * kv->cfg.n_heads;
-            kv->step_recall += kv->cfg.n_heads;
             kv->step_layers++;
-            return KVS_OK;
+            if (!t->attended_positions) { /* every position attended: recall 1 for each head */
+                kv->step_recall += kv->cfg.n_heads;
+                return KVS_OK;
+            }
+            return kv->shadow ? shadow_recall(kv, layer, q, pos[0], err) : KVS_OK;
         }
     }
     if (t->before_append) {
@@ -413,16 +448,11 @@ static kvs_status decode_layer(kvs_kv *kv, kvs_pool *pool, int layer, const floa
         int attended = a.sel ? a.n_sel[kvh] : kvs_store_count(kv->store, layer, kvh);
         kv->layer_slots[layer] += attended;
         if (kv->shadow) {
-            size_t need = (size_t)kvs_store_count(kv->shadow, layer, kvh);
-            if (need > kv->recall_cap) {
-                float *r = realloc(kv->recall_row, sizeof(float) * need);
-                if (!r)
-                    return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for the attention recall measurement");
-                kv->recall_row = r;
-                kv->recall_cap = need;
-            }
+            if ((st = reserve_recall_row(kv, layer, kvh, err)) != KVS_OK)
+                return st;
             kv->step_recall += recall_of(kv, layer, kvh, q + (size_t)h * hd, pos[0],
-                                         a.sel ? a.sel[kvh] : NULL, a.sel ? a.n_sel[kvh] : 0);
+                                         a.sel ? a.sel[kvh] : NULL, a.sel ? a.n_sel[kvh] : 0,
+                                         NULL);
         }
     }
     kv->step_layers++;

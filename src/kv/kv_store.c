@@ -721,6 +721,51 @@ kvs_status kvs_store_append(kvs_store *s, int layer, int n, const float *k, cons
     return KVS_OK;
 }
 
+kvs_status kvs_store_append_raw(kvs_store *s, int layer, int head, int n, const void *k,
+                                const void *v, size_t stride, const int32_t *pos,
+                                kvs_error *err)
+{
+    store_head *H = head_at(s, layer, head);
+    KVS_ASSERT(!s->kivi.k_bits);
+    if (n > s->cfg.max_slots - H->count)
+        return kvs_fail(err, KVS_ERR_ARG, "KV cache full: %d + %d tokens exceed the context of %d",
+                        H->count, n, s->cfg.max_slots);
+    if (n > 0 && H->count > 0 && pos[0] <= H->pos[H->start + H->count - 1])
+        return kvs_fail(err, KVS_ERR_ARG, "KV append: position %d is not after %d", pos[0],
+                        H->pos[H->start + H->count - 1]);
+    const int need = H->count + n;
+    if (need > H->cap) {
+        char *blk = malloc(block_bytes(s, grown_cap(s, need)));
+        if (!blk)
+            return kvs_fail(err, KVS_ERR_NOMEM, "out of memory growing the KV cache to %d slots",
+                            grown_cap(s, need));
+        head_adopt(s, H, blk, grown_cap(s, need));
+    } else if (H->start + need > H->cap) {
+        rebase(s, H);
+    }
+    for (int i = 0; i < n; i++) {
+        const int slot = H->start + H->count + i;
+        memcpy(H->keys + (size_t)slot * s->row_bytes, (const char *)k + (size_t)i * stride,
+               s->row_bytes);
+        memcpy(H->values + (size_t)slot * s->row_bytes, (const char *)v + (size_t)i * stride,
+               s->row_bytes);
+        H->pos[slot] = pos[i];
+        for (int c = 0; c < s->cfg.n_meta; c++)
+            H->meta[c][slot] = 0.0f;
+    }
+    H->count = need;
+    check_head(s, H);
+    return KVS_OK;
+}
+
+void kvs_store_reset_head(kvs_store *s, int layer, int head)
+{
+    store_head *H = head_at(s, layer, head);
+    H->start = 0;
+    H->count = 0;
+    KVS_ASSERT(!s->kivi.k_bits); /* a KIVI head also keeps codes and groups */
+}
+
 void kvs_store_keep(kvs_store *s, int layer, int head, const int *slots, int n)
 {
     store_head *H = head_at(s, layer, head);

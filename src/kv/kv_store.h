@@ -54,6 +54,17 @@ float *kvs_store_meta(kvs_store *s, int layer, int head, int c);
  * pos[i] must be increasing and after every stored position. New metadata is zero. */
 kvs_status kvs_store_append(kvs_store *s, int layer, int n, const float *k, const float *v,
                             const int32_t *pos, kvs_error *err);
+/* Appends n rows to one head, rows already in the store's type (F32 or F16; not a KIVI store):
+ * key row i at k + i * stride bytes, value row i at v + i * stride (stride lets a caller append
+ * straight from records that hold a key and its value side by side). pos[i] increasing and
+ * after every stored position of the head. PQCache assembles the rows a step attends, from
+ * its two tiers, into a store of its own this way, so that kvs_attention serves them. */
+kvs_status kvs_store_append_raw(kvs_store *s, int layer, int head, int n, const void *k,
+                                const void *v, size_t stride, const int32_t *pos,
+                                kvs_error *err);
+/* Empties one head of an F32 or F16 store but keeps its memory (a store refilled at every
+ * step). */
+void kvs_store_reset_head(kvs_store *s, int layer, int head);
 /* Keeps only the listed slots (strictly increasing indices) of one head, compacting in place. */
 void kvs_store_keep(kvs_store *s, int layer, int head, const int *slots, int n);
 /* Removes one slot of one head. */

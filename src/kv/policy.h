@@ -10,7 +10,7 @@
 #include "core/threadpool.h"
 #include "kv/kv_store.h"
 
-#define KVS_MAX_PARAMS 12
+#define KVS_MAX_PARAMS 16
 
 typedef enum kvs_policy_kind {
     KVS_KIND_FULL,      /* keeps everything */
@@ -19,13 +19,16 @@ typedef enum kvs_policy_kind {
     KVS_KIND_SELECTION, /* keeps everything, attends a budget of slots per step */
     KVS_KIND_MERGING,   /* attends every position of a compressed form it keeps itself
                          * (MiniCache: adjacent layers share K/V); takes no budget */
+    KVS_KIND_OFFLOADING, /* keeps every token, most of them in a slow tier of its own outside
+                          * the store, and attends a budget of them per step (PQCache) */
 } kvs_policy_kind;
 
 /* Whether a policy of this kind takes a budget (budget=F or slots=N): every kind but the full
  * cache and the merging kind, which keep every position. */
 static inline int kvs_policy_kind_has_budget(kvs_policy_kind k)
 {
-    return k == KVS_KIND_EVICTING || k == KVS_KIND_ONE_SHOT || k == KVS_KIND_SELECTION;
+    return k == KVS_KIND_EVICTING || k == KVS_KIND_ONE_SHOT || k == KVS_KIND_SELECTION ||
+           k == KVS_KIND_OFFLOADING;
 }
 
 typedef struct kvs_param_def {
@@ -61,6 +64,7 @@ typedef struct kvs_policy_spec {
     double budget;                 /* budget=F: fraction (0, 1]; slots=N: count >= 1; 0 = none */
     int budget_is_fraction;
     int shift;                     /* shift=on: position shifting (kvs_session_params) */
+    char path[160];                /* the type's path parameter (path_param), "" when not given */
     char text[256];                /* canonical form, e.g. "h2o:budget=0.1", "h2o:slots=64" */
     char user[256];                /* as the user typed it, for messages */
 } kvs_policy_spec;
@@ -100,6 +104,10 @@ typedef struct kvs_policy_type {
     int n_meta; /* per-slot float channels the policy keeps in the store */
     const kvs_param_words *words; /* word-valued parameters (optional) */
     int n_words;
+    /* One parameter whose value is a file path (PQCache's tier=PATH), kept as text in
+     * spec.path; NULL when the type has none. */
+    const char *path_param;
+    const char *path_help;
 
     /* The smallest budget in slots the policy accepts with these parameters (protected tokens
      * plus one evictable slot, say); NULL: 1. A fractional budget that resolves below it is
@@ -151,6 +159,20 @@ typedef struct kvs_policy_type {
     kvs_status (*attend)(kvs_policy *p, kvs_pool *pool, int layer, const float *q,
                          const float *k, const float *v, int32_t pos, float *out, int *attended,
                          kvs_error *err);
+    /* Optional, with attend: the positions KV head kv_head attended at the last attend of
+     * layer (increasing), for eval's attention recall against every key (the shadow); returns
+     * their count. Without it an attend hook counts as attending every position. */
+    int (*attended_positions)(const kvs_policy *p, int layer, int kv_head, const int32_t **pos);
+    /* The offloading kind: tokens of layer the policy holds outside the store (its slow
+     * tier); the store and they together hold every token seen. */
+    int (*offloaded)(const kvs_policy *p, int layer);
+    /* Prefill (optional): the policy attends a prompt batch of one layer itself, in place of
+     * the kv layer's attention over the store (the batch is already stored): dense causal
+     * attention over what it keeps outside the store as well as the store's slots (PQCache's
+     * slow tier holds the middle of a long prompt). q and out: n rows of n_heads * head_dim.
+     * Not with wants_row. */
+    kvs_status (*prefill_attend)(kvs_policy *p, kvs_pool *pool, int layer, int n,
+                                 const float *q, const int32_t *pos, float *out, kvs_error *err);
     /* Optional: line i (0, 1, ...) of the policy's own measurements since the prompt began
      * (e.g. HashEvict's per-step costs), for `kvslim bench` to print; 0 when a line was
      * written, -1 when there is none for i. Policies never print. */

@@ -39,6 +39,8 @@ static void list_keys(const kvs_policy_type *t, char *buf, size_t size)
         (size_t)snprintf(buf, size, "%s", kvs_policy_kind_has_budget(t->kind) ? "budget" : "");
     for (int i = 0; i < t->n_params && len < size; i++)
         len += (size_t)snprintf(buf + len, size - len, "%s%s", len ? ", " : "", t->params[i].name);
+    if (t->path_param && len < size)
+        len += (size_t)snprintf(buf + len, size - len, "%s%s", len ? ", " : "", t->path_param);
     if (len == 0)
         snprintf(buf, size, "none");
 }
@@ -169,7 +171,7 @@ static kvs_status parse_param(kvs_policy_spec *out, const char *text, int i, con
 
 /* One key=value item. seen[] marks keys already given: params by index, then budget/slots
  * (shared: one budget) and shift. */
-enum { SEEN_BUDGET = KVS_MAX_PARAMS, SEEN_SHIFT, N_SEEN };
+enum { SEEN_BUDGET = KVS_MAX_PARAMS, SEEN_SHIFT, SEEN_PATH, N_SEEN };
 
 static kvs_status parse_item(kvs_policy_spec *out, const char *text, const char *key,
                              const char *val, char *seen, const char **budget_key, kvs_error *err)
@@ -211,6 +213,18 @@ static kvs_status parse_item(kvs_policy_spec *out, const char *text, const char 
         if (strcmp(val, "on") && strcmp(val, "off"))
             return kvs_fail(err, KVS_ERR_ARG, "--kv %s: shift=%s is not one of on|off", text, val);
         out->shift = !strcmp(val, "on");
+        return KVS_OK;
+    }
+    if (t->path_param && !strcmp(key, t->path_param)) {
+        if (seen[SEEN_PATH])
+            return kvs_fail(err, KVS_ERR_ARG, "--kv %s: %s is given twice", text, key);
+        seen[SEEN_PATH] = 1;
+        if (!val[0])
+            return kvs_fail(err, KVS_ERR_ARG, "--kv %s: %s= needs a file path", text, key);
+        if (strlen(val) >= sizeof out->path)
+            return kvs_fail(err, KVS_ERR_ARG, "--kv %s: the %s path is longer than %zu bytes",
+                            text, key, sizeof out->path - 1);
+        snprintf(out->path, sizeof out->path, "%s", val);
         return KVS_OK;
     }
     for (int i = 0; i < t->n_params; i++)
@@ -256,6 +270,11 @@ static void canonical_text(kvs_policy_spec *out)
                                     t->params[i].name, b);
             sep = ',';
         }
+    if (out->path[0] && len < sizeof out->text) {
+        len += (size_t)snprintf(out->text + len, sizeof out->text - len, "%c%s=%s", sep,
+                                t->path_param, out->path);
+        sep = ',';
+    }
     if (out->shift && len < sizeof out->text)
         snprintf(out->text + len, sizeof out->text - len, "%cshift=on", sep);
 }
@@ -306,6 +325,9 @@ kvs_status kvs_policy_parse(const char *text, kvs_policy_spec *out, kvs_error *e
         return kvs_fail(err, KVS_ERR_ARG, "--kv %s: needs budget=F (a fraction of the prompt, "
                         "e.g. budget=0.25 or budget=25%%) or slots=N (a number of slots)", text);
     canonical_text(out);
+    if (strlen(out->text) + 1 >= sizeof out->text)
+        return kvs_fail(err, KVS_ERR_ARG, "--kv %s: the specification is longer than %zu bytes",
+                        text, sizeof out->text - 2);
     return KVS_OK;
 }
 
@@ -316,6 +338,8 @@ static const char *kind_name(kvs_policy_kind k)
     case KVS_KIND_EVICTING: return "evicting: holds the budget through prefill and decoding";
     case KVS_KIND_ONE_SHOT: return "one-shot: compresses the prompt once, then appends";
     case KVS_KIND_SELECTION: return "selection: keeps all, attends the budget each step";
+    case KVS_KIND_OFFLOADING: return "offloading: keeps all, most in a slow tier, attends the "
+                                     "budget each step";
     case KVS_KIND_MERGING: return "merging: attends every position, adjacent layers share K/V; "
                                   "no budget";
     }
@@ -342,6 +366,9 @@ void kvs_policy_help(FILE *f)
             fprintf(f, "           budget      required: budget=F, budget=P%% or slots=N\n");
         if (t->kind == KVS_KIND_EVICTING)
             fprintf(f, "           shift       default off, one of on|off: position shifting\n");
+        if (t->path_param)
+            fprintf(f, "           %-11s default none, a file path: %s\n", t->path_param,
+                    t->path_help);
         for (int j = 0; j < t->n_params; j++) {
             const char *const *words = param_words(t, t->params[j].name);
             char list[128], def[32], lo[32], hi[32];
