@@ -329,11 +329,14 @@ void kvs_pq_scan(const float *lut, int m, int bits, const uint8_t *codes, int n,
 
 /* ---- top-k ---- */
 
-/* a ranks above b: the higher score (NaN lowest), then the lower index. */
+/* a ranks above b: the higher score (NaN below every number, -inf included), then the
+ * lower index. */
 static int above(const float *s, int a, int b)
 {
-    const float x = isnan(s[a]) ? -INFINITY : s[a], y = isnan(s[b]) ? -INFINITY : s[b];
-    return x > y || (x == y && a < b);
+    const int na = isnan(s[a]), nb = isnan(s[b]);
+    if (na || nb)
+        return na == nb ? a < b : nb;
+    return s[a] > s[b] || (s[a] == s[b] && a < b);
 }
 
 static int cmp_int(const void *a, const void *b)
@@ -395,5 +398,5 @@ int kvs_pq_adaptive_iters(double t_comp, double t_km3, double t_iter, int lo, in
     if (!(t_iter > 0))
         return lo;
     const double t = floor((t_comp - t_km3) / t_iter + 3.0);
-    return t < lo ? lo : t > hi ? hi : (int)t;
+    return !(t >= lo) ? lo : t > hi ? hi : (int)t; /* (NaN: lo) */
 }
