@@ -123,6 +123,21 @@ static void extra(fx_obs *o, const kvs_kv *kv, int layer, const char *hook, int 
             note("store holds vs initial + local", &seen.bad_window, layer, n, want);
     }
     seen.code_expect += (double)s->nkv * s->m * L->att_mid * s->bits / 8.0;
+    /* the fast tier beyond the store is counted: a code byte per sub-space of every coded
+     * token, the centroids, and every resident cache block (all KV heads, key and value) */
+    size_t want = 0;
+    for (int l = 0; l < s->L; l++) {
+        const pq_layer *Ll = &s->layers[l];
+        if (Ll->indexed)
+            want += (size_t)s->nkv * s->m * (size_t)Ll->n_codes +
+                    sizeof(float) * (size_t)s->nkv * ((size_t)1 << s->bits) * (size_t)s->hd;
+        want += (size_t)kvs_blocks_resident(Ll->blocks) * s->nkv * PQ_BLOCK * s->rec;
+    }
+    if (p->type->state_bytes(p) != want)
+        note("state bytes vs codes + centroids + cache blocks", &seen.bad_cache, layer,
+             (int)p->type->state_bytes(p), (int)want);
+    if (L->indexed && L->n_codes < L->n_mid)
+        note("a middle token without a code", &seen.bad_window, layer, L->n_codes, L->n_mid);
 }
 
 /* Totals of the last run's layers (read at the last hook, before the session is freed). */
