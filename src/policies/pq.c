@@ -9,48 +9,73 @@
 
 /* ---- nearest centroid ---- */
 
-/* Centroids laid out for the distance kernel: transposed (dimension-major, ct[i * k + c]) so
- * that the inner loop runs over centroids and vectorises without reassociating a sum, plus
- * their squared norms. The distance to c is ||c||^2 - 2 x.c (||x||^2 is the same for every
- * c, so it does not change the argmin). Both K-Means and kvs_pq_encode assign through
- * nearest(), so a token encoded after clustering gets the code K-Means gave it. */
+/* Centroids laid out for the distance kernel, in chunks of CHUNK: within a chunk transposed
+ * (dimension-major, ct[i * kc + c]) so that the inner loop runs over the chunk's centroids and
+ * vectorises without reassociating a sum (a chunk's accumulators stay in registers), plus
+ * their squared norms. The distance to c is ||c||^2 - 2 x.c (||x||^2 is the same for every c,
+ * so it does not change the argmin). K-Means fills every chunk at once; kvs_pq_encode one at a
+ * time into a small stack buffer; both go through chunk_nearest(), so a token encoded after
+ * clustering gets exactly the code K-Means gave it. */
+#define CHUNK 32
+
 typedef struct layout {
     int d, k;
-    float *ct;   /* d * k */
+    float *ct;   /* per chunk b: d * kc floats at b * CHUNK * d */
     float *norm; /* k */
-    float *acc;  /* k: scratch */
 } layout;
+
+/* Lays out centroids [c0, c0 + kc) (kc <= CHUNK) at ct (d * kc floats) and norm (kc). */
+static void chunk_fill(const float *centroids, int d, int c0, int kc, float *ct, float *norm)
+{
+    for (int c = 0; c < kc; c++) {
+        const float *ce = centroids + (size_t)(c0 + c) * d;
+        float nn = 0;
+        for (int i = 0; i < d; i++) {
+            ct[(size_t)i * kc + c] = ce[i];
+            nn += ce[i] * ce[i];
+        }
+        norm[c] = nn;
+    }
+}
+
+/* Folds the chunk's centroids [c0, c0 + kc) into the running minimum (*best, *best_val): a
+ * later centroid wins only when strictly nearer, so ties go to the lowest index. */
+static void chunk_nearest(const float *ct, const float *norm, int d, int c0, int kc,
+                          const float *x, int *best, float *best_val)
+{
+    float acc[CHUNK];
+    for (int c = 0; c < kc; c++)
+        acc[c] = norm[c];
+    for (int i = 0; i < d; i++) {
+        const float m2x = -2.0f * x[i];
+        const float *row = ct + (size_t)i * kc;
+        for (int c = 0; c < kc; c++)
+            acc[c] += m2x * row[c];
+    }
+    for (int c = 0; c < kc; c++)
+        if (*best < 0 || acc[c] < *best_val) {
+            *best = c0 + c;
+            *best_val = acc[c];
+        }
+}
+
+static int chunk_len(int k, int c0) { return k - c0 < CHUNK ? k - c0 : CHUNK; }
 
 static void layout_fill(layout *t, const float *centroids)
 {
-    for (int c = 0; c < t->k; c++) {
-        float nn = 0;
-        for (int i = 0; i < t->d; i++) {
-            const float v = centroids[(size_t)c * t->d + i];
-            t->ct[(size_t)i * t->k + c] = v;
-            nn += v * v;
-        }
-        t->norm[c] = nn;
-    }
+    for (int c0 = 0; c0 < t->k; c0 += CHUNK)
+        chunk_fill(centroids, t->d, c0, chunk_len(t->k, c0), t->ct + (size_t)c0 * t->d,
+                   t->norm + c0);
 }
 
 /* The nearest centroid of x (lowest index on ties). */
 static int nearest(const layout *t, const float *x)
 {
-    const int k = t->k;
-    float *acc = t->acc;
-    for (int c = 0; c < k; c++)
-        acc[c] = t->norm[c];
-    for (int i = 0; i < t->d; i++) {
-        const float m2x = -2.0f * x[i];
-        const float *row = t->ct + (size_t)i * k;
-        for (int c = 0; c < k; c++)
-            acc[c] += m2x * row[c];
-    }
-    int best = 0;
-    for (int c = 1; c < k; c++)
-        if (acc[c] < acc[best])
-            best = c;
+    int best = -1;
+    float best_val = 0;
+    for (int c0 = 0; c0 < t->k; c0 += CHUNK)
+        chunk_nearest(t->ct + (size_t)c0 * t->d, t->norm + c0, t->d, c0, chunk_len(t->k, c0),
+                      x, &best, &best_val);
     return best;
 }
 
@@ -213,10 +238,9 @@ kvs_status kvs_pq_kmeans(const float *x, int n, size_t stride, int d, int k, int
     km.pdist = malloc(sizeof(double) * (size_t)n);
     km.taken = malloc((size_t)n);
     km.t = (layout){.d = d, .k = k, .ct = malloc(sizeof(float) * (size_t)k * d),
-                    .norm = malloc(sizeof(float) * (size_t)k),
-                    .acc = malloc(sizeof(float) * (size_t)k)};
+                    .norm = malloc(sizeof(float) * (size_t)k)};
     kvs_status st = KVS_OK;
-    if (!km.sum || !km.count || !km.pdist || !km.taken || !km.t.ct || !km.t.norm || !km.t.acc)
+    if (!km.sum || !km.count || !km.pdist || !km.taken || !km.t.ct || !km.t.norm)
         st = kvs_fail(err, KVS_ERR_NOMEM, "pq: out of memory for K-Means over %d points", n);
     int it = 0;
     if (st == KVS_OK && (st = init_centroids(&km, seed, err)) == KVS_OK) {
@@ -244,7 +268,6 @@ kvs_status kvs_pq_kmeans(const float *x, int n, size_t stride, int d, int k, int
     free(km.taken);
     free(km.t.ct);
     free(km.t.norm);
-    free(km.t.acc);
     return st;
 }
 
@@ -288,11 +311,17 @@ kvs_status kvs_pq_train(const kvs_pq_cfg *c, const float *x, int n, size_t strid
 void kvs_pq_encode(const kvs_pq_cfg *c, const float *centroids, const float *x, uint8_t *code)
 {
     const int dm = c->dim / c->m, k = 1 << c->bits;
-    float ct[k * dm], norm[k], acc[k];
-    layout t = {.d = dm, .k = k, .ct = ct, .norm = norm, .acc = acc};
+    float ct[CHUNK * dm], norm[CHUNK]; /* one chunk at a time: a bounded stack */
     for (int j = 0; j < c->m; j++) {
-        layout_fill(&t, centroids + (size_t)j * k * dm);
-        code[j] = (uint8_t)nearest(&t, x + (size_t)j * dm);
+        const float *cj = centroids + (size_t)j * k * dm;
+        int best = -1;
+        float best_val = 0;
+        for (int c0 = 0; c0 < k; c0 += CHUNK) {
+            chunk_fill(cj, dm, c0, chunk_len(k, c0), ct, norm);
+            chunk_nearest(ct, norm, dm, c0, chunk_len(k, c0), x + (size_t)j * dm, &best,
+                          &best_val);
+        }
+        code[j] = (uint8_t)best;
     }
 }
 
