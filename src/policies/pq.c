@@ -40,8 +40,8 @@ static void chunk_fill(const float *centroids, int d, int c0, int kc, float *ct,
 
 /* Folds the chunk's centroids [c0, c0 + kc) into the running minimum (*best, *best_val): a
  * later centroid wins only when strictly nearer, so ties go to the lowest index. */
-static void chunk_nearest(const float *ct, const float *norm, int d, int c0, int kc,
-                          const float *x, int *best, float *best_val)
+static inline void chunk_nearest_n(const float *ct, const float *norm, int d, int c0,
+                                   int kc, const float *x, int *best, float *best_val)
 {
     float acc[CHUNK];
     for (int c = 0; c < kc; c++)
@@ -57,6 +57,18 @@ static void chunk_nearest(const float *ct, const float *norm, int d, int c0, int
             *best = c0 + c;
             *best_val = acc[c];
         }
+}
+
+/* A whole chunk with its length a constant, so that the compiler keeps the accumulators in
+ * vector registers (the K-Means hot loop: every point against every centroid); the same
+ * arithmetic in the same order as any other length. */
+static void chunk_nearest(const float *ct, const float *norm, int d, int c0, int kc,
+                          const float *x, int *best, float *best_val)
+{
+    if (kc == CHUNK)
+        chunk_nearest_n(ct, norm, d, c0, CHUNK, x, best, best_val);
+    else
+        chunk_nearest_n(ct, norm, d, c0, kc, x, best, best_val);
 }
 
 static int chunk_len(int k, int c0) { return k - c0 < CHUNK ? k - c0 : CHUNK; }
