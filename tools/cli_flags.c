@@ -201,6 +201,10 @@ static const flag_def flags[] = {
     {FL_CSV, NULL, "--csv", K_STRING, "OUT", CMD_EVAL_RECALL, 0, 0, 0, NULL,
      "one row per configuration and prompt (rewritten as each\n"
      "configuration ends)"},
+    {FL_PLOT, NULL, "--plot", K_STRING, "OUT.png", CMD_EVAL_RECALL, 0, 0, 0, NULL,
+     "accuracy heat maps (needle depth x prompt set), one per policy,\n"
+     "budget and KV type, and accuracy against the share of the context\n"
+     "attended, one line per policy (needs gnuplot)"},
     {FL_VERSION, NULL, "--version", K_NONE, NULL, ALL, 0, 0, 0, NULL, "print the version"},
     {FL_HELP, "-h", "--help", K_NONE, NULL, ALL, 0, 0, 0, NULL, "this help"},
 };

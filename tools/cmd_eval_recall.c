@@ -17,8 +17,8 @@ static const cli_command recall_cmd = {
     "eval", CMD_EVAL_RECALL,
     "usage: kvslim eval --task recall -m MODEL [--tokenizer TOK.bin] --prompts DIR\n"
     "                   [--prompts DIR ...] --kv SPEC[,SPEC...] [--budget B1,B2,...]\n"
-    "                   [--kv-type T1,T2,...] [--limit N] [--json OUT] [--csv OUT] [-t N]\n"
-    "                   [--chunk N]\n"
+    "                   [--kv-type T1,T2,...] [--limit N] [--json OUT] [--csv OUT]\n"
+    "                   [--plot OUT.png] [-t N] [--chunk N]\n"
     "\n"
     "Retrieval accuracy of KV policies on associative-recall prompts (the recall model,\n"
     "../shared/models/recall). A prompt set is a directory of NNN.tokens (token ids, one per\n"
@@ -35,6 +35,12 @@ static const cli_command recall_cmd = {
     "decode step over the tokens seen so far (mean over steps, layers and query heads);\n"
     "slots attended = its numerator; KV bytes = mean over decode steps. A llama2.c\n"
     "checkpoint is converted to a temporary GGUF (F32) with its --tokenizer.\n"
+    "\n"
+    "--plot draws, in one PNG made at the end: per policy, budget and KV type, a heat map of\n"
+    "accuracy over needle depth (rows: the manifest's depth to the nearest 0.1) x prompt set\n"
+    "(columns, by context length), red 0 to green 1, each cell labelled right/answers, blank\n"
+    "where no prompt fell; below them accuracy against attended share, one line per policy\n"
+    "and KV type across its budgets (all prompt sets pooled).\n"
     "\n",
     NULL};
 
@@ -440,7 +446,7 @@ static void gated_notice(void *ctx, const char *msg)
 }
 
 typedef struct recall_state {
-    const char *model_path, *tok_path, *json_path, *csv_path;
+    const char *model_path, *tok_path, *json_path, *csv_path, *plot_path;
     kvs_model *m;
     prompt_set *sets;
     int n_sets;
@@ -452,7 +458,7 @@ typedef struct recall_state {
     notice_gate gate;
     kvs_recall_setup setup;
     kvs_outfile_input inputs[2];
-    kvs_outfile_spec json_out, csv_out;
+    kvs_outfile_spec json_out, csv_out, plot_out;
     kvs_outfile_kind json_kind, csv_kind;
 } recall_state;
 
@@ -614,6 +620,44 @@ static int save(const char *cmd, const recall_state *e, int final)
     return 0;
 }
 
+/* The PNG of --plot: every prompt row of every configuration. */
+static int make_plot(const char *cmd, const recall_state *e)
+{
+    kvs_recall_plot_row *rows = malloc(sizeof *rows * (size_t)e->rs.np);
+    char title[1024];
+    kvs_model_info info;
+    kvs_model_get_info(e->m, &info);
+    const char *base = strrchr(e->model_path, '/');
+    int len = snprintf(title, sizeof title, "kvslim eval --task recall: %.200s, %d layers; prompts",
+                       base ? base + 1 : e->model_path, info.n_layers);
+    for (int s = 0; s < e->n_sets && len > 0 && (size_t)len < sizeof title; s++)
+        len += snprintf(title + len, sizeof title - (size_t)len, "%s %.100s (%d)", s ? "," : "",
+                        e->sets[s].label, e->sets[s].n);
+    void *png = NULL;
+    size_t png_len = 0;
+    kvs_error err = {0};
+    kvs_status st = KVS_ERR_NOMEM;
+    if (rows) {
+        for (int i = 0; i < e->rs.np; i++) {
+            const prompt_row *p = &e->rs.p[i];
+            const config_row *c = &e->rs.c[p->config];
+            rows[i] = (kvs_recall_plot_row){c->params, c->label, c->kv_type, c->prompts,
+                                            p->context, p->depth, p->r.n_answers,
+                                            p->r.n_correct, p->r.attended_share,
+                                            p->r.slots_attended};
+        }
+        st = kvs_recall_plot(rows, e->rs.np, title, &png, &png_len, &err);
+    } else {
+        kvs_fail(&err, KVS_ERR_NOMEM, "out of memory");
+    }
+    free(rows);
+    if (st != KVS_OK) {
+        cli_error(cmd, "--plot %s: %s", e->plot_path, err.msg);
+        return CLI_FAIL;
+    }
+    return cli_write_built(cmd, &e->plot_out, png, png_len) == 0 ? CLI_OK : CLI_FAIL;
+}
+
 /* One configuration: spec on every prompt of set with KV type type. */
 static int run_config(const char *cmd, recall_state *e, const prompt_set *set, const char *type,
                       const char *spec, const char *label, const char *tag)
@@ -712,6 +756,7 @@ static int recall(const cli_args *a)
     e.tok_path = a->str[FL_TOKENIZER];
     e.json_path = a->str[FL_JSON];
     e.csv_path = a->str[FL_CSV];
+    e.plot_path = a->str[FL_PLOT];
     if (!e.model_path || !a->given[FL_PROMPTS] || !a->given[FL_KV]) {
         cli_error(cmd, "--task recall needs -m MODEL, at least one --prompts DIR and at least one "
                        "--kv SPEC (see kvslim eval --task recall --help)");
@@ -732,9 +777,16 @@ static int recall(const cli_args *a)
     e.inputs[1] = (kvs_outfile_input){"--tokenizer", e.tok_path ? e.tok_path : e.model_path};
     e.json_out = cli_output("--json", e.json_path, e.inputs, 2);
     e.csv_out = cli_output("--csv", e.csv_path, e.inputs, 2);
+    e.plot_out = cli_output("--plot", e.plot_path, e.inputs, 2);
     if (rc == CLI_OK && ((e.json_path && cli_check_output(cmd, &e.json_out, &e.json_kind)) ||
-                         (e.csv_path && cli_check_output(cmd, &e.csv_out, &e.csv_kind))))
+                         (e.csv_path && cli_check_output(cmd, &e.csv_out, &e.csv_kind)) ||
+                         (e.plot_path && cli_check_output(cmd, &e.plot_out, NULL))))
         rc = CLI_FAIL;
+    kvs_error perr = {0};
+    if (rc == CLI_OK && e.plot_path && kvs_eval_plot_check(&perr) != KVS_OK) {
+        cli_error(cmd, "--plot: %s", perr.msg);
+        rc = CLI_FAIL;
+    }
     if (rc == CLI_OK)
         rc = load_model(cmd, &e);
     int32_t q_id = -1;
@@ -773,6 +825,8 @@ static int recall(const cli_args *a)
         fflush(stdout);
         if (save(cmd, &e, 1) != 0)
             rc = CLI_FAIL;
+        if (rc == CLI_OK && e.plot_path)
+            rc = make_plot(cmd, &e);
     }
     cli_progress_end();
     state_free(&e);

@@ -106,7 +106,7 @@ double kvs_eval_kl(const float *p, double p_lse, const float *q, double q_lse, i
 int kvs_eval_argmax(const float *x, int n);
 
 /* ---- plot (plot.c) ---- */
-/* Is gnuplot on PATH? If not, err says how to install it. */
+/* Is gnuplot on PATH? If not, err says how to install it (gnuplot.c). */
 kvs_status kvs_eval_plot_check(kvs_error *err);
 /* Draws KL and top-1 against mean KV bytes relative to a full F16 cache of the same tokens
  * (kv_bytes_rel_f16, as the table), one line per configuration (policy x kv_type) across

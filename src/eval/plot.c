@@ -1,61 +1,14 @@
 /* The eval plot: KL and top-1 against mean KV bytes relative to a full F16 cache of the same
- * tokens (the reference of the table's "KV bytes vs full F16" column), drawn by
- * gnuplot (run with posix_spawnp, no shell) from a data file and a script in a temporary
- * directory. */
-#include <errno.h>
-#include <fcntl.h>
+ * tokens (the reference of the table's "KV bytes vs full F16" column), drawn by gnuplot
+ * (gnuplot.c) from a data file and a script in a temporary directory. */
 #include <math.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "core/error.h"
 #include "eval/eval.h"
-
-extern char **environ;
-
-static const char *const install_hint =
-    "gnuplot was not found on PATH; install it (Debian: apt-get install gnuplot-nox, or "
-    "scripts/setup-deps.sh) or leave out --plot";
-
-kvs_status kvs_eval_plot_check(kvs_error *err)
-{
-    const char *path = getenv("PATH");
-    if (!path || !*path)
-        path = "/usr/local/bin:/usr/bin:/bin";
-    char dir[4096];
-    while (*path) {
-        size_t len = strcspn(path, ":");
-        if (len > 0 && len < sizeof dir - 16) {
-            memcpy(dir, path, len);
-            snprintf(dir + len, sizeof dir - len, "/gnuplot");
-            if (access(dir, X_OK) == 0)
-                return KVS_OK;
-        }
-        path += len;
-        if (*path == ':')
-            path++;
-    }
-    return kvs_fail(err, KVS_ERR_UNSUPPORTED, "%s", install_hint);
-}
-
-/* s as a gnuplot single-quoted string: quotes doubled, control bytes as spaces. */
-static void put_quoted(FILE *f, const char *s)
-{
-    fputc('\'', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '\'')
-            fputs("''", f);
-        else
-            fputc(c < 0x20 ? ' ' : c, f);
-    }
-    fputc('\'', f);
-}
+#include "eval/gnuplot.h"
 
 /* The policy a result belongs to: its canonical spec without the budget (or slots) item. */
 static void policy_key(const kvs_eval_result *r, char *buf, size_t size)
@@ -102,41 +55,6 @@ static int by_x(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static kvs_status read_all(const char *path, void **out, size_t *len, kvs_error *err)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return kvs_fail(err, KVS_ERR_IO, "gnuplot produced no image (%s: %s)", path,
-                        strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n, f);
-        if (n < cap)
-            break;
-        char *nb = realloc(buf, cap *= 2);
-        if (!nb) {
-            free(buf);
-            buf = NULL;
-        } else {
-            buf = nb;
-        }
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (!buf || bad || n == 0) {
-        free(buf);
-        return kvs_fail(err, buf ? KVS_ERR_IO : KVS_ERR_NOMEM, "gnuplot image %s: %s", path,
-                        !buf ? "out of memory" : bad ? "read error" : "empty file");
-    }
-    *out = buf;
-    *len = n;
-    return KVS_OK;
-}
-
-static const char *const colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
-                                     "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"};
-#define N_COLORS ((int)(sizeof colors / sizeof colors[0]))
 /* gnuplot point types by storage type: filled (a plain run) and open (equal memory) circle,
  * square, triangle, inverted triangle, diamond, pentagon. */
 static const int filled_pt[] = {7, 5, 9, 11, 13, 15}, open_pt[] = {6, 4, 8, 10, 12, 14};
@@ -155,10 +73,10 @@ static void plot_panel(FILE *f, const char *data, const series *sr, int n_series
         const series *s = &sr[i];
         if (column == 2 && log_kl && !s->any_kl)
             continue;
-        const char *color = colors[s->color % N_COLORS];
+        const char *color = kvs_gnuplot_color(s->color);
         fputs(first ? "" : ", \\\n     ", f);
         first = 0;
-        put_quoted(f, data);
+        kvs_gnuplot_quote(f, data);
         fprintf(f, " index %d using 1:%s", i, y);
         if (s->eq)
             fprintf(f, " with linespoints dt 2 lw 1.5 pt %d ps 1.6 lc rgb '%s' title ",
@@ -169,14 +87,126 @@ static void plot_panel(FILE *f, const char *data, const series *sr, int n_series
         char title[420];
         snprintf(title, sizeof title, "%s, %s%s", s->key, s->type,
                  s->eq ? " (equal memory)" : "");
-        put_quoted(f, title);
+        kvs_gnuplot_quote(f, title);
     }
     /* The last block holds one labelled point per distinct (x, budget). */
     fputs(", \\\n     ", f);
-    put_quoted(f, data);
+    kvs_gnuplot_quote(f, data);
     fprintf(f, " index %d using 1:%s:5 with labels offset 1.4,0.8 "
                "font ',9' tc rgb '#555555' notitle", n_series + (column == 3), y);
     fputc('\n', f);
+}
+
+/* What the writers of the plot's two files read. */
+typedef struct fidelity_plot {
+    const kvs_eval_result *r;
+    const int *equal_memory;
+    int n;
+    const char *title;
+    const series *sr; /* each series' rows in order of x */
+    int n_series;
+    const double *x;
+    double max_kl;
+    int log_kl;
+} fidelity_plot;
+
+/* The data file: a block per series, then a label block per panel. */
+static void write_data(FILE *f, const kvs_gnuplot *g, void *ctx)
+{
+    (void)g;
+    const fidelity_plot *p = ctx;
+    const kvs_eval_result *r = p->r;
+    const int *equal_memory = p->equal_memory;
+    const series *sr = p->sr;
+    const double *x = p->x, max_kl = p->max_kl;
+    const int n = p->n, n_series = p->n_series, log_kl = p->log_kl;
+    for (int i = 0; i < n_series; i++) {
+        fprintf(f, "# %s%s: rel_kv_bytes kl top1 budget\n", sr[i].key, sr[i].eq ? " eq" : "");
+        for (int k = 0; k < sr[i].n; k++) {
+            const kvs_eval_result *e = &r[sr[i].rows[k]];
+            fprintf(f, "%.9g %.9g %.9g %.9g\n", x[sr[i].rows[k]], e->kl, e->top1, e->budget);
+        }
+        fputs("\n\n", f);
+    }
+    /* Two label blocks (KL panel, top-1 panel): budgeted rows that are not equal-memory runs,
+     * a label left out where the same budget already sits at nearly the same place. */
+    for (int panel = 0; panel < 2; panel++) {
+        fprintf(f, "# %s labels: rel_kv_bytes kl top1 budget label\n", panel ? "top1" : "kl");
+        int n_labels = 0;
+        for (int i = 0; i < n; i++) {
+            if (r[i].budget <= 0 || (equal_memory && equal_memory[i]))
+                continue;
+            int dup = 0;
+            for (int k = 0; k < i && !dup; k++) {
+                if (r[k].budget != r[i].budget || (equal_memory && equal_memory[k]) ||
+                    fabs(x[k] - x[i]) > 0.03)
+                    continue;
+                if (panel)
+                    dup = fabs(r[k].top1 - r[i].top1) < 0.006;
+                else if (log_kl)
+                    dup = r[k].kl > 0 && r[i].kl > 0 && fabs(log(r[k].kl / r[i].kl)) < 0.15;
+                else
+                    dup = fabs(r[k].kl - r[i].kl) < 0.03 * max_kl;
+            }
+            if (dup)
+                continue;
+            char label[32];
+            snprintf(label, sizeof label, "%g", r[i].budget);
+            if (r[i].budget_is_fraction && !strpbrk(label, ".e"))
+                snprintf(label, sizeof label, "%g.0", r[i].budget);
+            fprintf(f, "%.9g %.9g %.9g %.9g %s\n", x[i], r[i].kl, r[i].top1, r[i].budget,
+                    label);
+            n_labels++;
+        }
+        if (n_labels == 0) /* gnuplot needs a point; this one lies outside the ranges */
+            fputs("-1 -1 -1 0 none\n", f);
+        fputs("\n\n", f);
+    }
+}
+
+static void write_script(FILE *f, const kvs_gnuplot *g, void *ctx)
+{
+    const fidelity_plot *p = ctx;
+    const series *sr = p->sr;
+    const double *x = p->x;
+    const char *title = p->title;
+    const int n = p->n, n_series = p->n_series, log_kl = p->log_kl;
+    /* Tall enough for a legend entry per series beside each panel. */
+    const int height = 640 > 160 + 19 * n_series ? 640 : 160 + 19 * n_series;
+    kvs_gnuplot_terminal(f, g, 1700, height);
+    fputs("set multiplot layout 1,2 title ", f);
+    kvs_gnuplot_quote(f, title ? title : "kvslim eval");
+    fputs(" font ',13'\n"
+          "set grid\n"
+          "set border lw 1.2\n"
+          "set xlabel 'mean KV bytes during decoding / full F16 cache of the same tokens'\n"
+          "set key outside right top vertical box samplen 2 reverse Left width 1\n",
+          f);
+    double x_max = 1;
+    for (int i = 0; i < n; i++)
+        x_max = fmax(x_max, x[i]);
+    fprintf(f, "set xrange [0:%.4g]\n", x_max * 1.08);
+    fprintf(f, "set ylabel 'mean KL(full || policy), nats%s'\n", log_kl ? " (log scale)" : "");
+    if (log_kl)
+        fputs("set logscale y\nset format y '%g'\n", f);
+    else
+        fputs("set yrange [0:*]\n", f);
+    /* The reference has KL 0: no place on a log scale, so it is left out and the title says so. */
+    if (log_kl)
+        fputs("set title \"KL from the full F32 cache (lower is better); points labelled with "
+              "their budget\\nthe reference itself (KL 0) is not drawn on the log scale\"\n",
+              f);
+    else
+        fputs("set title \"KL from the full F32 cache (lower is better); points labelled with "
+              "their budget\\nthe reference itself sits at KL 0\"\n", f);
+    plot_panel(f, g->data, sr, n_series, 2, log_kl);
+    fputs("unset logscale y\nset format y '%g'\nset yrange [*:1.01]\n"
+          "set key outside right top vertical box samplen 2 reverse Left width 1\n"
+          "set ylabel 'top-1 agreement with the full cache'\n"
+          "set title 'Top-1 agreement (higher is better)'\n",
+          f);
+    plot_panel(f, g->data, sr, n_series, 3, 0);
+    fputs("unset multiplot\n", f);
 }
 
 kvs_status kvs_eval_plot(const kvs_eval_result *r, const int *equal_memory, int n,
@@ -236,175 +266,13 @@ kvs_status kvs_eval_plot(const kvs_eval_result *r, const int *equal_memory, int 
         sr[j].rows[sr[j].n++] = i;
         sr[j].any_kl |= r[i].kl > 0;
     }
-    /* Log-scale KL when the values span more than a decade. */
-    const int log_kl = max_kl > 0 && max_kl / min_kl > 10;
-
-    char dir[4096], data[4200], script[4200], image[4200], log_path[4200];
-    const char *tmp = getenv("TMPDIR");
-    snprintf(dir, sizeof dir, "%s/kvslim-plot.XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(dir)) {
-        st = kvs_fail(err, KVS_ERR_IO, "cannot create a temporary directory %s: %s", dir,
-                      strerror(errno));
-        goto out;
-    }
-    snprintf(data, sizeof data, "%s/data.dat", dir);
-    snprintf(script, sizeof script, "%s/plot.gp", dir);
-    snprintf(image, sizeof image, "%s/plot.png", dir);
-    snprintf(log_path, sizeof log_path, "%s/gnuplot.log", dir);
-
-    FILE *f = fopen(data, "w");
-    if (!f) {
-        st = kvs_fail(err, KVS_ERR_IO, "%s: %s", data, strerror(errno));
-        goto cleanup;
-    }
     sort_x = x;
-    for (int i = 0; i < n_series; i++) {
+    for (int i = 0; i < n_series; i++)
         qsort(sr[i].rows, (size_t)sr[i].n, sizeof(int), by_x);
-        fprintf(f, "# %s%s: rel_kv_bytes kl top1 budget\n", sr[i].key, sr[i].eq ? " eq" : "");
-        for (int k = 0; k < sr[i].n; k++) {
-            const kvs_eval_result *e = &r[sr[i].rows[k]];
-            fprintf(f, "%.9g %.9g %.9g %.9g\n", x[sr[i].rows[k]], e->kl, e->top1, e->budget);
-        }
-        fputs("\n\n", f);
-    }
-    /* Two label blocks (KL panel, top-1 panel): budgeted rows that are not equal-memory runs,
-     * a label left out where the same budget already sits at nearly the same place. */
-    for (int panel = 0; panel < 2; panel++) {
-        fprintf(f, "# %s labels: rel_kv_bytes kl top1 budget label\n", panel ? "top1" : "kl");
-        int n_labels = 0;
-        for (int i = 0; i < n; i++) {
-            if (r[i].budget <= 0 || (equal_memory && equal_memory[i]))
-                continue;
-            int dup = 0;
-            for (int k = 0; k < i && !dup; k++) {
-                if (r[k].budget != r[i].budget || (equal_memory && equal_memory[k]) ||
-                    fabs(x[k] - x[i]) > 0.03)
-                    continue;
-                if (panel)
-                    dup = fabs(r[k].top1 - r[i].top1) < 0.006;
-                else if (log_kl)
-                    dup = r[k].kl > 0 && r[i].kl > 0 && fabs(log(r[k].kl / r[i].kl)) < 0.15;
-                else
-                    dup = fabs(r[k].kl - r[i].kl) < 0.03 * max_kl;
-            }
-            if (dup)
-                continue;
-            char label[32];
-            snprintf(label, sizeof label, "%g", r[i].budget);
-            if (r[i].budget_is_fraction && !strpbrk(label, ".e"))
-                snprintf(label, sizeof label, "%g.0", r[i].budget);
-            fprintf(f, "%.9g %.9g %.9g %.9g %s\n", x[i], r[i].kl, r[i].top1, r[i].budget,
-                    label);
-            n_labels++;
-        }
-        if (n_labels == 0) /* gnuplot needs a point; this one lies outside the ranges */
-            fputs("-1 -1 -1 0 none\n", f);
-        fputs("\n\n", f);
-    }
-    if (fclose(f) != 0) {
-        st = kvs_fail(err, KVS_ERR_IO, "%s: write failed", data);
-        goto cleanup;
-    }
-
-    if (!(f = fopen(script, "w"))) {
-        st = kvs_fail(err, KVS_ERR_IO, "%s: %s", script, strerror(errno));
-        goto cleanup;
-    }
-    /* Tall enough for a legend entry per series beside each panel. */
-    const int height = 640 > 160 + 19 * n_series ? 640 : 160 + 19 * n_series;
-    fprintf(f, "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) {\n"
-               "  set terminal pngcairo noenhanced size 1700,%d font 'sans,11'\n"
-               "} else {\n"
-               "  set terminal png noenhanced size 1700,%d\n"
-               "}\n"
-               "set output ",
-            height, height);
-    put_quoted(f, image);
-    fputs("\nset multiplot layout 1,2 title ", f);
-    put_quoted(f, title ? title : "kvslim eval");
-    fputs(" font ',13'\n"
-          "set grid\n"
-          "set border lw 1.2\n"
-          "set xlabel 'mean KV bytes during decoding / full F16 cache of the same tokens'\n"
-          "set key outside right top vertical box samplen 2 reverse Left width 1\n",
-          f);
-    double x_max = 1;
-    for (int i = 0; i < n; i++)
-        x_max = fmax(x_max, x[i]);
-    fprintf(f, "set xrange [0:%.4g]\n", x_max * 1.08);
-    fprintf(f, "set ylabel 'mean KL(full || policy), nats%s'\n", log_kl ? " (log scale)" : "");
-    if (log_kl)
-        fputs("set logscale y\nset format y '%g'\n", f);
-    else
-        fputs("set yrange [0:*]\n", f);
-    /* The reference has KL 0: no place on a log scale, so it is left out and the title says so. */
-    if (log_kl)
-        fputs("set title \"KL from the full F32 cache (lower is better); points labelled with "
-              "their budget\\nthe reference itself (KL 0) is not drawn on the log scale\"\n",
-              f);
-    else
-        fputs("set title \"KL from the full F32 cache (lower is better); points labelled with "
-              "their budget\\nthe reference itself sits at KL 0\"\n", f);
-    plot_panel(f, data, sr, n_series, 2, log_kl);
-    fputs("unset logscale y\nset format y '%g'\nset yrange [*:1.01]\n"
-          "set key outside right top vertical box samplen 2 reverse Left width 1\n"
-          "set ylabel 'top-1 agreement with the full cache'\n"
-          "set title 'Top-1 agreement (higher is better)'\n",
-          f);
-    plot_panel(f, data, sr, n_series, 3, 0);
-    fputs("unset multiplot\n", f);
-    if (fclose(f) != 0) {
-        st = kvs_fail(err, KVS_ERR_IO, "%s: write failed", script);
-        goto cleanup;
-    }
-
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 1, log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    char *argv[] = {"gnuplot", script, NULL};
-    pid_t pid;
-    int rc = posix_spawnp(&pid, "gnuplot", &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) {
-        st = rc == ENOENT ? kvs_fail(err, KVS_ERR_UNSUPPORTED, "%s", install_hint)
-                          : kvs_fail(err, KVS_ERR_IO, "cannot run gnuplot: %s", strerror(rc));
-        goto cleanup;
-    }
-    int status;
-    while (waitpid(pid, &status, 0) < 0) {
-        if (errno != EINTR) {
-            st = kvs_fail(err, KVS_ERR_IO, "waiting for gnuplot: %s", strerror(errno));
-            goto cleanup;
-        }
-    }
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        char msg[300] = "";
-        FILE *lf = fopen(log_path, "r");
-        if (lf) {
-            size_t got = fread(msg, 1, sizeof msg - 1, lf);
-            msg[got] = 0;
-            fclose(lf);
-            for (char *c = msg; *c; c++)
-                if (*c == '\n' || *c == '\r')
-                    *c = ' ';
-        }
-        if (WIFEXITED(status))
-            st = kvs_fail(err, KVS_ERR_IO, "gnuplot failed (exit status %d): %s",
-                          WEXITSTATUS(status), msg);
-        else
-            st = kvs_fail(err, KVS_ERR_IO, "gnuplot was killed by signal %d",
-                          WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-        goto cleanup;
-    }
-    st = read_all(image, png, png_len, err);
-cleanup:
-    unlink(data);
-    unlink(script);
-    unlink(image);
-    unlink(log_path);
-    rmdir(dir);
+    /* Log-scale KL when the values span more than a decade. */
+    fidelity_plot fp = {r, equal_memory, n, title, sr, n_series, x, max_kl,
+                        max_kl > 0 && max_kl / min_kl > 10};
+    st = kvs_gnuplot_draw(write_data, write_script, &fp, png, png_len, err);
 out:
     for (int i = 0; i < n_series; i++)
         free(sr[i].rows);

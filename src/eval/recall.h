@@ -103,4 +103,33 @@ kvs_status kvs_recall_run(const kvs_model *m, const kvs_recall_setup *s, const c
 /* The margin of answer id in n logits: logits[id] minus the largest other logit. */
 double kvs_recall_margin(const float *logits, int n, int32_t id);
 
+/* ---- plot (plot_recall.c) ---- */
+
+/* One prompt's run, as the plot reads it. The strings are borrowed. */
+typedef struct kvs_recall_plot_row {
+    const char *params;       /* the configuration's canonical spec: "full", "h2o:budget=0.1" */
+    const char *budget_label; /* its budget as the table shows it ("0.1", "96"); NULL or "-":
+                                 none */
+    const char *kv_type;      /* its KV storage type; NULL = f32 */
+    const char *set;          /* the prompt set's name ("recall-256") */
+    int context;              /* the prompt's context, tokens */
+    double depth;             /* the needle's depth in [0, 1]; < 0 when unknown */
+    int n_answers, n_correct;
+    double attended_share;    /* kvs_recall_result's */
+    double slots_attended;    /* the same */
+} kvs_recall_plot_row;
+
+/* Depth bins of the heat maps: 0.0, 0.1, ..., 1.0 (a depth goes to the nearest). */
+#define KVS_RECALL_PLOT_BINS 11
+
+/* Draws one PNG: per configuration (params x kv_type, in order of first appearance) a heat map
+ * of accuracy over needle depth (rows, the nearest tenth) x prompt set (columns, by mean
+ * context), red (0) to green (1), each cell labelled correct/answers, cells without prompts
+ * blank, titled with the configuration's accuracy, attended share and slots attended; below
+ * them accuracy against attended share, one line per policy (its spec without the budget) and
+ * KV type across its budgets. title heads the image (NULL: a default). Runs gnuplot (see
+ * kvs_eval_plot_check); *png (malloc'd) receives the image. */
+kvs_status kvs_recall_plot(const kvs_recall_plot_row *rows, int n, const char *title,
+                           void **png, size_t *png_len, kvs_error *err);
+
 #endif

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # kvslim eval --task recall on the recall model (../shared/models/recall): the full cache answers
 # every prompt with margin 24, StreamingLLM at 10% can fail, JSON/CSV carry their fields, a
-# quest spec whose dense layers cover the model is warned about, and bad prompt sets fail
-# cleanly (exit 1, or 2 for bad usage) without writing an output file.
+# quest spec whose dense layers cover the model is warned about, --plot writes a PNG, and bad
+# prompt sets or outputs fail cleanly (exit 1, or 2 for bad usage) without writing an output file.
 source "$(dirname "$0")/lib.bash"
 R=$MODELS/recall
 P=$R/prompts
@@ -136,6 +136,33 @@ expect_exit 2 "unknown task" "unknown task 'bogus'" \
   "$KVS_BIN" eval --task bogus -m "$R/recall.bin" --kv full
 "$KVS_BIN" eval --task recall --help >"$TMP/rhelp" && grep -q -- '--prompts DIR' "$TMP/rhelp" && pass "recall --help" \
   || fail "recall --help"
+grep -q -- '--plot OUT.png' "$TMP/rhelp" && pass "recall --help lists --plot" || fail "recall --help: no --plot"
+
+# --plot: one PNG with the heat maps and the accuracy-vs-share chart (a few hundred KB for
+# this run; the bare axes alone would be far smaller).
+if command -v gnuplot >/dev/null; then
+  if "${RECALL[@]}" --prompts "$P/recall-256" --prompts "$P/recall-1024" --kv full,streaming \
+    --budget 0.1,0.25 --limit 5 --plot "$TMP/r.png" >/dev/null 2>"$TMP/err"; then
+    python3 - "$TMP/r.png" <<'PY' && pass "--plot writes a PNG" || fail "--plot: $(head -c 400 "$TMP/err")"
+import struct, sys
+b = open(sys.argv[1], "rb").read()
+assert b[:8] == b"\x89PNG\r\n\x1a\n", b[:8]
+w, h = struct.unpack(">II", b[16:24])
+assert len(b) > 30000 and w >= 1000 and h >= 1000, (len(b), w, h)
+PY
+  else
+    fail "--plot run: $(head -c 400 "$TMP/err")"
+  fi
+fi
+# A bad --plot is refused before any run (exit 1, as for --json and --csv), naming --plot.
+mkdir -p "$TMP/plotdir"
+expect_exit 1 "--plot into a directory" "--plot $TMP/plotdir: is a directory" \
+  "${RECALL[@]}" --prompts "$P/recall-256" --kv full --plot "$TMP/plotdir"
+[ -d "$TMP/plotdir" ] && [ -z "$(ls -A "$TMP/plotdir")" ] && pass "--plot directory untouched" \
+  || fail "--plot directory changed"
+expect_exit 1 "--plot without gnuplot" "--plot: gnuplot was not found on PATH" \
+  env PATH=/nonexistent "${RECALL[@]}" --prompts "$P/recall-256" --kv full --plot "$TMP/np.png"
+[ ! -e "$TMP/np.png" ] && pass "--plot without gnuplot writes nothing" || fail "--plot wrote $TMP/np.png"
 "$KVS_BIN" eval --help >"$TMP/help" && grep -q -- '--task TASK' "$TMP/help" && pass "eval --help lists --task" \
   || fail "eval --help"
 finish
