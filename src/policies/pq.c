@@ -59,6 +59,32 @@ static inline void chunk_nearest_n(const float *ct, const float *norm, int d, in
         }
 }
 
+/* Four points against a whole chunk at once: four times the independent accumulator chains
+ * (one point's chain waits on each multiply-add's latency). Element for element the same
+ * arithmetic in the same order as chunk_nearest_n, so the codes are the same. */
+static void chunk_nearest4(const float *ct, const float *norm, int d, int c0,
+                           const float *const x[4], int best[4], float best_val[4])
+{
+    float acc[4][CHUNK];
+    for (int p = 0; p < 4; p++)
+        for (int c = 0; c < CHUNK; c++)
+            acc[p][c] = norm[c];
+    for (int i = 0; i < d; i++) {
+        const float *row = ct + (size_t)i * CHUNK;
+        for (int p = 0; p < 4; p++) {
+            const float m2x = -2.0f * x[p][i];
+            for (int c = 0; c < CHUNK; c++)
+                acc[p][c] += m2x * row[c];
+        }
+    }
+    for (int p = 0; p < 4; p++)
+        for (int c = 0; c < CHUNK; c++)
+            if (best[p] < 0 || acc[p][c] < best_val[p]) {
+                best[p] = c0 + c;
+                best_val[p] = acc[p][c];
+            }
+}
+
 /* A whole chunk with its length a constant, so that the compiler keeps the accumulators in
  * vector registers (the K-Means hot loop: every point against every centroid); the same
  * arithmetic in the same order as any other length. */
@@ -124,7 +150,24 @@ static double assign(kmeans *km, int *changed)
     layout_fill(&km->t, km->cent);
     double sse = 0;
     int ch = 0;
-    for (int i = 0; i < km->n; i++) {
+    int i = 0;
+    if (km->k % CHUNK == 0) /* four points at a time over whole chunks */
+        for (; i + 4 <= km->n; i += 4) {
+            const float *const x[4] = {point(km, i), point(km, i + 1), point(km, i + 2),
+                                       point(km, i + 3)};
+            int best[4] = {-1, -1, -1, -1};
+            float val[4] = {0, 0, 0, 0};
+            for (int c0 = 0; c0 < km->k; c0 += CHUNK)
+                chunk_nearest4(km->t.ct + (size_t)c0 * km->d, km->t.norm + c0, km->d, c0, x,
+                               best, val);
+            for (int p = 0; p < 4; p++) {
+                ch += best[p] != km->code[i + p];
+                km->code[i + p] = (uint8_t)best[p];
+                km->pdist[i + p] = dist2(x[p], km->cent + (size_t)best[p] * km->d, km->d);
+                sse += km->pdist[i + p];
+            }
+        }
+    for (; i < km->n; i++) {
         const int c = nearest(&km->t, point(km, i));
         ch += c != km->code[i];
         km->code[i] = (uint8_t)c;
