@@ -1095,7 +1095,7 @@ static void test_topk(void)
             const int ks[9] = {0, 1, 2, n / 2, n - 1, n, n + 5, -1, n / 3 + 1};
             int *idx = xmalloc(((size_t)n + 5 + GUARD) * sizeof *idx);
             int *ref = xmalloc(((size_t)n + 5) * sizeof *ref);
-            int *scratch = xmalloc((size_t)n * sizeof *scratch);
+            uint32_t *scratch = xmalloc((size_t)n * sizeof *scratch);
             for (int ki = 0; ki < 9; ki++) {
                 const int k = ks[ki];
                 for (int i = 0; i < n + 5 + GUARD; i++)
@@ -1129,7 +1129,8 @@ static void test_topk(void)
     /* NaN ranks below everything, -inf included. */
     {
         const float s[5] = {NAN, -INFINITY, 1.0f, NAN, -INFINITY};
-        int idx[5], scratch[5];
+        int idx[5];
+        uint32_t scratch[5];
         const int got = kvs_topk(s, 5, 2, idx, scratch);
         CHECKF(got == 2 && idx[0] == 1 && idx[1] == 2, "{NaN, -inf, 1, NaN, -inf}, k 2: got %d "
                "= {%d, %d}, want {1, 2}", got, idx[0], idx[1]);
@@ -1141,7 +1142,8 @@ static void test_topk(void)
     /* Signed zeros are equal scores: ties to the lower index, whatever the sign bit. */
     {
         const float s[6] = {-0.0f, 0.0f, -1.0f, -0.0f, 0.0f, -0.0f};
-        int idx[6], scratch[6];
+        int idx[6];
+        uint32_t scratch[6];
         const int got = kvs_topk(s, 6, 3, idx, scratch);
         CHECKF(got == 3 && idx[0] == 0 && idx[1] == 1 && idx[2] == 3,
                "signed zeros: got %d = {%d, %d, %d}, want {0, 1, 3}", got, idx[0], idx[1],

@@ -413,23 +413,18 @@ void kvs_pq_scan(const float *lut, int m, int bits, const uint8_t *codes, int n,
 
 /* ---- top-k ---- */
 
-/* a ranks above b: the higher score (NaN below every number, -inf included), then the
- * lower index. */
-static int above(const float *s, int a, int b)
+/* A float as an unsigned key in the same order: every NaN 0 (below -inf), -0 as +0 (a tie).
+ * Branch-free, so that the loop over a step's scores vectorises. */
+static inline uint32_t order_key(float x)
 {
-    const int na = isnan(s[a]), nb = isnan(s[b]);
-    if (na || nb)
-        return na == nb ? a < b : nb;
-    return s[a] > s[b] || (s[a] == s[b] && a < b);
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    uint32_t key = u ^ ((uint32_t)((int32_t)u >> 31) | 0x80000000u);
+    key = x == 0.0f ? 0x80000000u : key;
+    return x != x ? 0u : key;
 }
 
-static int cmp_int(const void *a, const void *b)
-{
-    const int x = *(const int *)a, y = *(const int *)b;
-    return (x > y) - (x < y);
-}
-
-int kvs_topk(const float *scores, int n, int k, int *idx, int *scratch)
+int kvs_topk(const float *scores, int n, int k, int *idx, uint32_t *keys)
 {
     if (k <= 0 || n <= 0)
         return 0;
@@ -438,43 +433,44 @@ int kvs_topk(const float *scores, int n, int k, int *idx, int *scratch)
             idx[i] = i;
         return n;
     }
-    /* Quickselect over the strict total order of above(): the first k of a[] end up the k
-     * best, whatever the pivots (median of three, for expected linear time). */
-    int *a = scratch;
+    /* The threshold: the k-th largest key, by radix select over 11 + 11 + 10 bits (each round
+     * histograms the keys that share the bits found so far, then walks the buckets from the
+     * top until the count reaches what is still wanted). What is left wanted at the end is
+     * the number of keys equal to the threshold to take, the lowest indices first; one more
+     * pass writes the indices in ascending order, so nothing is sorted. */
+    static const int shift[3] = {21, 10, 0};
+    static const uint32_t mask[3] = {0x7ff, 0x7ff, 0x3ff};
     for (int i = 0; i < n; i++)
-        a[i] = i;
-    int lo = 0, hi = n - 1;
-    while (lo < hi) {
-        const int mid = lo + (hi - lo) / 2;
-        int p0 = a[lo], p1 = a[mid], p2 = a[hi], pivot;
-        if (above(scores, p0, p1) != above(scores, p0, p2))
-            pivot = p0;
-        else if (above(scores, p1, p0) != above(scores, p1, p2))
-            pivot = p1;
+        keys[i] = order_key(scores[i]);
+    uint32_t prefix = 0, prefix_mask = 0;
+    int want = k;
+    for (int r = 0; r < 3; r++) {
+        int hist[2048] = {0};
+        if (r == 0)
+            for (int i = 0; i < n; i++)
+                hist[keys[i] >> 21]++;
         else
-            pivot = p2;
-        int i = lo, j = hi;
-        while (i <= j) {
-            while (above(scores, a[i], pivot))
-                i++;
-            while (above(scores, pivot, a[j]))
-                j--;
-            if (i <= j) {
-                const int t = a[i];
-                a[i++] = a[j];
-                a[j--] = t;
-            }
+            for (int i = 0; i < n; i++)
+                if ((keys[i] & prefix_mask) == prefix)
+                    hist[(keys[i] >> shift[r]) & mask[r]]++;
+        int b = (int)mask[r];
+        while (hist[b] < want)
+            want -= hist[b--];
+        prefix |= (uint32_t)b << shift[r];
+        prefix_mask |= mask[r] << shift[r];
+        if (hist[b] == want) { /* the whole bucket is taken: no tie to break inside it */
+            int got = 0;
+            for (int i = 0; i < n; i++)
+                if ((keys[i] & prefix_mask) >= prefix)
+                    idx[got++] = i;
+            return got;
         }
-        if (k - 1 <= j)
-            hi = j;
-        else if (k - 1 >= i)
-            lo = i;
-        else
-            break;
     }
-    memcpy(idx, a, sizeof(int) * (size_t)k);
-    qsort(idx, (size_t)k, sizeof(int), cmp_int);
-    return k;
+    int got = 0;
+    for (int i = 0; i < n && got < k; i++)
+        if (keys[i] > prefix || (keys[i] == prefix && want-- > 0))
+            idx[got++] = i;
+    return got;
 }
 
 int kvs_pq_adaptive_iters(double t_comp, double t_km3, double t_iter, int lo, int hi)

@@ -55,9 +55,10 @@ void kvs_pq_lut(const kvs_pq_cfg *c, const float *centroids, const float *q, flo
 void kvs_pq_scan(const float *lut, int m, int bits, const uint8_t *codes, int n, float *out);
 
 /* The k highest scores' indices (all n when k >= n; NaN ranks lowest; ties to the lower
- * index), written to idx in ascending index order; scratch holds n ints. Returns the count,
- * min(k, n) (0 when k <= 0). Expected O(n) selection, then a sort of the k chosen. */
-int kvs_topk(const float *scores, int n, int k, int *idx, int *scratch);
+ * index; -0 ties with +0), written to idx in ascending index order; scratch holds n keys.
+ * Returns the count, min(k, n) (0 when k <= 0). O(n): a radix-selected threshold, then a
+ * pass. */
+int kvs_topk(const float *scores, int n, int k, int *idx, uint32_t *scratch);
 
 /* The iteration cap that fits a layer's clustering into its prefill compute (§2.3, §6 item
  * 8): floor((t_comp - t_km3) / t_iter + 3) clipped to [lo, hi], where t_km3 is the time of a

@@ -110,6 +110,30 @@ static void free_layer(pq_state *s, pq_layer *L)
     kvs_blocks_free(L->blocks);
 }
 
+static void free_lane_scores(pq_lane *ln)
+{
+    free(ln->scores);
+    free(ln->acc);
+    free(ln->exact_scores);
+    free(ln->topk);
+    free(ln->idx_exact);
+    ln->scores = ln->acc = ln->exact_scores = NULL;
+    ln->topk = NULL;
+    ln->idx_exact = NULL;
+}
+
+static void free_lanes(pq_state *s)
+{
+    for (int i = 0; i < s->n_lanes; i++) {
+        free_lane_scores(&s->lanes[i]);
+        free(s->lanes[i].lut);
+        free(s->lanes[i].run);
+    }
+    free(s->lanes);
+    s->lanes = NULL;
+    s->n_lanes = 0;
+}
+
 static void stop(kvs_policy *p)
 {
     pq_state *s = p->state;
@@ -122,12 +146,8 @@ static void stop(kvs_policy *p)
     kvs_tier_close(s->tier);
     kvs_store_free(s->gather);
     kvs_attn_scratch_free(s->attn);
-    free(s->scores);
-    free(s->acc);
-    free(s->exact_scores);
+    free_lanes(s);
     free(s->idx);
-    free(s->idx_scratch);
-    free(s->idx_exact);
     free(s->block_count);
     free(s->rank);
     free(s->rank_scratch);
@@ -253,36 +273,47 @@ static kvs_status reserve_run(pq_state *s, size_t bytes, kvs_error *err)
     return KVS_OK;
 }
 
-static kvs_status reserve_scores(pq_state *s, int n, kvs_error *err)
+/* Lanes for n_lanes pool threads, each with score arrays for n middle tokens (grown by half
+ * again when short), and the per-step arrays beside them. */
+static kvs_status reserve_scores(pq_state *s, int n_lanes, int n, kvs_error *err)
 {
+    if (n_lanes > s->n_lanes) {
+        free_lanes(s);
+        s->scratch_cap = 0;
+        if (!(s->lanes = calloc((size_t)n_lanes, sizeof *s->lanes)))
+            return kvs_fail(err, KVS_ERR_NOMEM, "pqcache: out of memory");
+        s->n_lanes = n_lanes;
+        for (int i = 0; i < n_lanes; i++)
+            if (!(s->lanes[i].lut = malloc(sizeof(float) * (size_t)s->m << s->bits)))
+                return kvs_fail(err, KVS_ERR_NOMEM, "pqcache: out of memory");
+    }
     if (n <= s->scratch_cap)
         return KVS_OK;
     const int cap = n + n / 2 + 64, blocks = cap / PQ_BLOCK + 1;
-    free(s->scores);
-    free(s->acc);
-    free(s->exact_scores);
+    s->scratch_cap = 0;
     free(s->idx);
-    free(s->idx_scratch);
-    free(s->idx_exact);
     free(s->block_count);
     free(s->rank);
     free(s->rank_scratch);
-    s->scores = malloc(sizeof(float) * (size_t)cap);
-    s->acc = malloc(sizeof(float) * (size_t)cap);
-    s->exact_scores = malloc(sizeof(float) * (size_t)cap);
     s->idx = malloc(sizeof(int) * (size_t)cap * s->nkv);
-    s->idx_scratch = malloc(sizeof(int) * (size_t)cap);
-    s->idx_exact = malloc(sizeof(int) * (size_t)cap);
     s->block_count = malloc(sizeof(int) * (size_t)blocks);
     s->rank = malloc(sizeof(int) * (size_t)blocks);
     s->rank_scratch = malloc(sizeof(int) * (size_t)blocks);
-    s->scratch_cap = cap;
-    if (!s->scores || !s->acc || !s->exact_scores || !s->idx || !s->idx_scratch ||
-        !s->idx_exact || !s->block_count || !s->rank || !s->rank_scratch) {
-        s->scratch_cap = 0;
+    int ok = s->idx && s->block_count && s->rank && s->rank_scratch;
+    for (int i = 0; i < s->n_lanes; i++) {
+        pq_lane *ln = &s->lanes[i];
+        free_lane_scores(ln);
+        ln->scores = malloc(sizeof(float) * (size_t)cap);
+        ln->acc = malloc(sizeof(float) * (size_t)cap);
+        ln->exact_scores = malloc(sizeof(float) * (size_t)cap);
+        ln->topk = malloc(sizeof(uint32_t) * (size_t)cap);
+        ln->idx_exact = malloc(sizeof(int) * (size_t)cap);
+        ok = ok && ln->scores && ln->acc && ln->exact_scores && ln->topk && ln->idx_exact;
+    }
+    if (!ok)
         return kvs_fail(err, KVS_ERR_NOMEM, "pqcache: out of memory for the scores of %d "
                         "tokens", n);
-    }
+    s->scratch_cap = cap;
     return KVS_OK;
 }
 
@@ -457,31 +488,40 @@ static kvs_status prefill_end(kvs_policy *p, int layer, kvs_error *err)
 
 /* ---- decode ---- */
 
-static void softmax_into(float *acc, const float *x, int n, float scale, int first)
+/* acc (+)= softmax(x * scale) over n tokens; x is overwritten with the exponentials. */
+static void softmax_into(float *acc, float *x, int n, float scale, int first)
 {
     float mx = -INFINITY;
     for (int j = 0; j < n; j++)
         mx = x[j] * scale > mx ? x[j] * scale : mx;
     double z = 0;
-    for (int j = 0; j < n; j++)
-        z += exp((double)(x[j] * scale - mx));
     for (int j = 0; j < n; j++) {
-        const float pj = (float)(exp((double)(x[j] * scale - mx)) / z);
-        acc[j] = first ? pj : acc[j] + pj;
+        x[j] = expf(x[j] * scale - mx);
+        z += x[j];
     }
+    const float inv = (float)(1.0 / z);
+    for (int j = 0; j < n; j++)
+        acc[j] = first ? x[j] * inv : acc[j] + x[j] * inv;
 }
 
 /* Exact q.k of one query head over the middle tokens, read from the slow tier. */
-static kvs_status exact_middle(pq_state *s, int layer, int h, const float *q, int n_mid,
-                               float *out, kvs_error *err)
+static kvs_status exact_middle(pq_state *s, pq_lane *ln, int layer, int h, const float *q,
+                               int n_mid, float *out, kvs_error *err)
 {
-    kvs_status st = reserve_run(s, (size_t)PIECE * s->rec, err);
+    if (ln->run_cap < (size_t)PIECE * s->rec) {
+        free(ln->run);
+        ln->run_cap = 0;
+        if (!(ln->run = malloc((size_t)PIECE * s->rec)))
+            return kvs_fail(err, KVS_ERR_NOMEM, "pqcache: out of memory for a slow-tier read");
+        ln->run_cap = (size_t)PIECE * s->rec;
+    }
+    kvs_status st = KVS_OK;
     for (int first = 0; first < n_mid && st == KVS_OK; first += PIECE) {
         const int n = n_mid - first < PIECE ? n_mid - first : PIECE;
-        if ((st = pq_tier_read_locked(s, layer, h, first, n, s->run, err)) != KVS_OK)
+        if ((st = pq_tier_read_locked(s, layer, h, first, n, ln->run, err)) != KVS_OK)
             break;
         for (int i = 0; i < n; i++) {
-            const char *key = s->run + (size_t)i * s->rec;
+            const char *key = ln->run + (size_t)i * s->rec;
             out[first + i] = s->esz == 2 ? kvs_dot_f16_f32((const uint16_t *)key, q, s->hd)
                                          : kvs_dot_f32(q, (const float *)key, s->hd);
         }
@@ -491,24 +531,23 @@ static kvs_status exact_middle(pq_state *s, int layer, int h, const float *q, in
 
 /* The KV head's combined score of every middle token (§2.5, §6 item 9): per query head of the
  * group, scores from the PQ codes (or exact ones), then softmax-summed, summed or maxed. */
-static kvs_status middle_scores(pq_state *s, int layer, int h, const float *q, int n_mid,
-                                int exact, float *acc, kvs_error *err)
+static kvs_status middle_scores(pq_state *s, pq_lane *ln, int layer, int h, const float *q,
+                                int n_mid, int exact, float *acc, kvs_error *err)
 {
     const pq_layer *L = &s->layers[layer];
-    const int nc = 1 << s->bits;
-    float lut[s->m * nc];
     const float scale = 1.0f / sqrtf((float)s->hd);
     for (int r = 0; r < s->group; r++) {
         const float *qr = q + (size_t)r * s->hd;
-        float *x = s->group == 1 && s->gqa != PQ_GQA_SOFTMAX ? acc : s->scores;
+        /* one query head per KV head: every combination ranks as its scores do */
+        float *x = s->group == 1 ? acc : ln->scores;
         if (exact) {
-            kvs_status st = exact_middle(s, layer, h, qr, n_mid, x, err);
+            kvs_status st = exact_middle(s, ln, layer, h, qr, n_mid, x, err);
             if (st != KVS_OK)
                 return st;
         } else {
             kvs_pq_cfg c = {.dim = s->hd, .m = s->m, .bits = s->bits};
-            kvs_pq_lut(&c, L->centroids + (size_t)h * centroid_floats(s), qr, lut);
-            kvs_pq_scan(lut, s->m, s->bits, L->codes + (size_t)h * L->codes_cap * s->m, n_mid,
+            kvs_pq_lut(&c, L->centroids + (size_t)h * centroid_floats(s), qr, ln->lut);
+            kvs_pq_scan(ln->lut, s->m, s->bits, L->codes + (size_t)h * L->codes_cap * s->m, n_mid,
                         x);
         }
         if (x == acc)
@@ -527,10 +566,10 @@ static kvs_status middle_scores(pq_state *s, int layer, int h, const float *q, i
 /* The middle tokens KV head h attends: all of them when they are no more than k or the layer
  * has no index, else the top-k of the combined scores (ascending). Measures the recall of the
  * exact top-k when asked. Returns the count. */
-static kvs_status select_middle(pq_state *s, int layer, int h, const float *q, int *idx,
-                                int *n_sel, kvs_error *err)
+static kvs_status select_middle(pq_state *s, pq_lane *ln, int layer, int h, const float *q,
+                                int *idx, int *n_sel, kvs_error *err)
 {
-    pq_layer *L = &s->layers[layer];
+    const pq_layer *L = &s->layers[layer];
     const int n_mid = L->n_mid;
     if (n_mid <= s->k || (!L->indexed && !s->exact)) {
         for (int j = 0; j < n_mid; j++)
@@ -538,26 +577,75 @@ static kvs_status select_middle(pq_state *s, int layer, int h, const float *q, i
         *n_sel = n_mid;
         return KVS_OK;
     }
-    kvs_status st = middle_scores(s, layer, h, q, n_mid, s->exact, s->acc, err);
+    kvs_status st = middle_scores(s, ln, layer, h, q, n_mid, s->exact, ln->acc, err);
     if (st != KVS_OK)
         return st;
-    *n_sel = kvs_topk(s->acc, n_mid, s->k, idx, s->idx_scratch);
+    *n_sel = kvs_topk(ln->acc, n_mid, s->k, idx, ln->topk);
     if (s->measure && !s->exact && s->k > 0) {
-        if ((st = middle_scores(s, layer, h, q, n_mid, 1, s->exact_scores, err)) != KVS_OK)
+        if ((st = middle_scores(s, ln, layer, h, q, n_mid, 1, ln->exact_scores, err)) != KVS_OK)
             return st;
-        const int ne = kvs_topk(s->exact_scores, n_mid, s->k, s->idx_exact, s->idx_scratch);
+        const int ne = kvs_topk(ln->exact_scores, n_mid, s->k, ln->idx_exact, ln->topk);
         int common = 0;
         for (int a = 0, b = 0; a < *n_sel && b < ne;) /* both ascending */
-            if (idx[a] == s->idx_exact[b])
+            if (idx[a] == ln->idx_exact[b])
                 common++, a++, b++;
-            else if (idx[a] < s->idx_exact[b])
+            else if (idx[a] < ln->idx_exact[b])
                 a++;
             else
                 b++;
-        L->recall_sum += (double)common / ne;
-        L->recall_steps++;
+        ln->recall_sum += (double)common / ne;
+        ln->recall_steps++;
     }
     return KVS_OK;
+}
+
+/* The selection phase of a step on the pool: lane ith scores and selects KV heads ith,
+ * ith + nth, ... (each writes only its heads' index lists and its own lane). */
+typedef struct select_task {
+    pq_state *s;
+    int layer;
+    const float *q;
+    int *n_sel;
+} select_task;
+
+static void select_heads(void *ctx, int ith, int nth)
+{
+    select_task *t = ctx;
+    pq_state *s = t->s;
+    pq_lane *ln = &s->lanes[ith];
+    for (int h = ith; h < s->nkv && ln->st == KVS_OK; h += nth)
+        ln->st = select_middle(s, ln, t->layer, h, t->q + (size_t)h * s->group * s->hd,
+                               s->idx + (size_t)h * s->scratch_cap, &t->n_sel[h], &ln->err);
+}
+
+/* Runs the selection of every KV head (on the pool when there is one) and adds the lanes'
+ * recall measurements to the layer's. */
+static kvs_status select_all(pq_state *s, kvs_pool *pool, int layer, const float *q,
+                             int *n_sel, kvs_error *err)
+{
+    const int nth = pool ? kvs_pool_size(pool) : 1;
+    kvs_status st = reserve_scores(s, nth, s->layers[layer].n_mid, err);
+    if (st != KVS_OK)
+        return st;
+    for (int i = 0; i < s->n_lanes; i++) {
+        s->lanes[i].st = KVS_OK;
+        s->lanes[i].recall_sum = s->lanes[i].recall_steps = 0;
+    }
+    select_task t = {s, layer, q, n_sel};
+    if (pool && nth > 1 && s->nkv > 1)
+        kvs_pool_run(pool, select_heads, &t);
+    else
+        select_heads(&t, 0, 1);
+    pq_layer *L = &s->layers[layer];
+    for (int i = 0; i < s->n_lanes; i++) {
+        if (s->lanes[i].st != KVS_OK && st == KVS_OK) {
+            st = s->lanes[i].st;
+            *err = s->lanes[i].err;
+        }
+        L->recall_sum += s->lanes[i].recall_sum;
+        L->recall_steps += s->lanes[i].recall_steps;
+    }
+    return st;
 }
 
 /* Appends the selected middle tokens of KV head h to the gather store, in order: a token in
@@ -566,24 +654,46 @@ static kvs_status select_middle(pq_state *s, int layer, int h, const float *q, i
  * as the previous step left it (§6 item 16). */
 #define RUN_GAP 8
 
+/* Appends the records of middle tokens idx[0, n) (ascending) to the gather store's head h:
+ * token j's record at recs + (j - base) * rec. Consecutive tokens go in one append. */
+static kvs_status append_records(pq_state *s, int h, const char *recs, int base, const int *idx,
+                                 int n, kvs_error *err)
+{
+    const size_t row = (size_t)s->hd * s->esz;
+    int32_t pos[64];
+    kvs_status st = KVS_OK;
+    for (int a = 0; a < n && st == KVS_OK;) {
+        int b = a + 1;
+        while (b < n && b - a < 64 && idx[b] == idx[b - 1] + 1)
+            b++;
+        for (int i = a; i < b; i++)
+            pos[i - a] = s->n_init + idx[i];
+        const char *r = recs + (size_t)(idx[a] - base) * s->rec;
+        st = kvs_store_append_raw(s->gather, 0, h, b - a, r, r + row, s->rec, pos, err);
+        a = b;
+    }
+    return st;
+}
+
 static kvs_status gather_selected(pq_state *s, int layer, int h, const int *idx, int n,
                                   kvs_error *err)
 {
     pq_layer *L = &s->layers[layer];
-    const size_t row = (size_t)s->hd * s->esz;
     kvs_status st = KVS_OK;
     for (int a = 0; a < n && st == KVS_OK;) {
-        const int j = idx[a];
-        const int32_t pos = s->n_init + j;
-        const int slot = s->cache_blocks ? kvs_blocks_lookup(L->blocks, j / PQ_BLOCK) : -1;
-        if (slot >= 0) {
-            const char *r = L->arena[slot] + ((size_t)h * PQ_BLOCK + j % PQ_BLOCK) * s->rec;
-            st = kvs_store_append_raw(s->gather, 0, h, 1, r, r + row, s->rec, &pos, err);
-            L->hits++;
-            a++;
+        const int j = idx[a], block = j / PQ_BLOCK;
+        const int slot = s->cache_blocks ? kvs_blocks_lookup(L->blocks, block) : -1;
+        int b = a + 1;
+        if (slot >= 0) { /* the hits in this cached block */
+            while (b < n && idx[b] / PQ_BLOCK == block)
+                b++;
+            st = append_records(s, h, L->arena[slot] + (size_t)h * PQ_BLOCK * s->rec,
+                                block * PQ_BLOCK, idx + a, b - a, err);
+            L->hits += b - a;
+            a = b;
             continue;
         }
-        int b = a + 1; /* the run of misses [idx[a], idx[b - 1]] */
+        /* the run of misses [idx[a], idx[b - 1]], read as one range */
         while (b < n && idx[b] - idx[b - 1] <= RUN_GAP &&
                (!s->cache_blocks || kvs_blocks_lookup(L->blocks, idx[b] / PQ_BLOCK) < 0))
             b++;
@@ -592,12 +702,9 @@ static kvs_status gather_selected(pq_state *s, int layer, int h, const int *idx,
             (st = pq_tier_read_locked(s, layer, h, j, span, s->run, err)) != KVS_OK)
             break;
         L->fetched_bytes += (double)span * s->rec;
-        for (; a < b && st == KVS_OK; a++) {
-            const char *r = s->run + (size_t)(idx[a] - j) * s->rec;
-            const int32_t pa = s->n_init + idx[a];
-            st = kvs_store_append_raw(s->gather, 0, h, 1, r, r + row, s->rec, &pa, err);
-            L->misses++;
-        }
+        st = append_records(s, h, s->run, j, idx + a, b - a, err);
+        L->misses += b - a;
+        a = b;
     }
     return st;
 }
@@ -699,19 +806,20 @@ static kvs_status attend(kvs_policy *p, kvs_pool *pool, int layer, const float *
         free(L->local_keys);
         L->local_keys = NULL;
     }
-    if ((st = reserve_scores(s, L->n_mid, err)) != KVS_OK)
-        return st;
     L->att_mid = L->n_mid;
     const int *sel[s->nkv];
     int n_sel[s->nkv];
+    double t0 = now();
+    if ((st = select_all(s, pool, layer, q, n_sel, err)) != KVS_OK)
+        return st;
+    double t1 = now();
+    L->t_select += t1 - t0;
     for (int h = 0; h < s->nkv && st == KVS_OK; h++) {
         int *idx = s->idx + (size_t)h * s->scratch_cap;
         sel[h] = idx;
         kvs_store_reset_head(s->gather, 0, h);
         const int i0 = slots_below(p->store, layer, h, s->n_init);
-        if ((st = select_middle(s, layer, h, q + (size_t)h * s->group * s->hd, idx, &n_sel[h],
-                                err)) != KVS_OK ||
-            (st = gather_store_rows(s, p->store, layer, h, 0, i0, err)) != KVS_OK ||
+        if ((st = gather_store_rows(s, p->store, layer, h, 0, i0, err)) != KVS_OK ||
             (st = gather_selected(s, layer, h, idx, n_sel[h], err)) != KVS_OK)
             break;
         st = gather_store_rows(s, p->store, layer, h, i0, kvs_store_count(p->store, layer, h),
@@ -721,8 +829,12 @@ static kvs_status attend(kvs_policy *p, kvs_pool *pool, int layer, const float *
         return st;
     kvs_attn_args a = {.store = s->gather, .layer = 0, .n_heads = p->n_heads, .n = 1, .q = q,
                        .qpos = &pos, .out = out};
+    t0 = now();
+    L->t_gather += t0 - t1;
     if ((st = kvs_attention(pool, s->attn, &a, err)) != KVS_OK)
         return st;
+    t1 = now();
+    L->t_attend += t1 - t0;
     *attended = kvs_store_count(s->gather, 0, 0);
     s->att_layer = layer;
     L->code_bytes += (double)s->nkv * s->m * L->n_mid * s->bits / 8.0;
@@ -734,6 +846,7 @@ static kvs_status attend(kvs_policy *p, kvs_pool *pool, int layer, const float *
            s->n_local)
         if ((st = leave_window(p, layer, err)) != KVS_OK)
             return st;
+    L->t_update += now() - t1;
     return KVS_OK;
 }
 
@@ -811,7 +924,20 @@ static int report(const kvs_policy *p, int i, char *buf, size_t size)
                  fill / per / 1024);
         return 0;
     }
-    if (i == 2 && s->measure) {
+    if (i == 2) {
+        double ts = 0, tg = 0, ta = 0, tu = 0;
+        for (int l = 0; l < s->L; l++) {
+            ts += s->layers[l].t_select;
+            tg += s->layers[l].t_gather;
+            ta += s->layers[l].t_attend;
+            tu += s->layers[l].t_update;
+        }
+        snprintf(buf, size, "time per layer step: select %.1f us (scores and top-k), gather "
+                 "%.1f us, attention %.1f us, cache update and window %.1f us",
+                 1e6 * ts / per, 1e6 * tg / per, 1e6 * ta / per, 1e6 * tu / per);
+        return 0;
+    }
+    if (i == 3 && s->measure) {
         size_t len = (size_t)snprintf(buf, size, "recall of the exact top-k per layer:");
         for (int l = 0; l < s->L && len < size; l++) {
             const pq_layer *L = &s->layers[l];

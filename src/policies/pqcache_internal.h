@@ -40,8 +40,22 @@ typedef struct pq_layer {
     /* the last decode step, for attended_positions and the statistics */
     int att_mid;            /* middle tokens when the last step selected */
     double hits, misses, fetched_bytes, fill_bytes, code_bytes, steps;
+    double t_select, t_gather, t_attend, t_update; /* seconds in each phase of attend */
     double recall_sum, recall_steps; /* recall of the exact top-k (measure=on) */
 } pq_layer;
+
+/* One pool thread's scratch for the selection phase (scores, top-k, exact reads); the KV
+ * heads of a step are scored in parallel, each by one lane. */
+typedef struct pq_lane {
+    float *scores, *acc, *exact_scores, *lut;
+    uint32_t *topk;
+    int *idx_exact;
+    char *run;                       /* slow-tier reads of exact scores */
+    size_t run_cap;
+    double recall_sum, recall_steps; /* this step's, added to the layer's after it */
+    kvs_status st;
+    kvs_error err;
+} pq_lane;
 
 typedef struct pq_state {
     int L, nkv, hd, group;
@@ -57,10 +71,11 @@ typedef struct pq_state {
     kvs_store *gather;  /* one layer: the rows one step (or one prompt batch) attends */
     kvs_attn_scratch *attn;
     /* decode scratch (main thread) */
-    float *scores, *acc, *exact_scores;
-    int *idx, *idx_scratch, *idx_exact;
+    pq_lane *lanes;     /* one per pool thread */
+    int n_lanes;
+    int *idx;           /* per KV head: scratch_cap selected middle indices */
     int *block_count, *rank, *rank_scratch;
-    int scratch_cap;    /* tokens the score arrays hold */
+    int scratch_cap;    /* tokens the score arrays of every lane hold */
     char *run;          /* bounce buffer for slow-tier reads */
     size_t run_cap;
     /* prefill timing of the layers (adaptive iterations) */
