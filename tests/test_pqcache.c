@@ -123,9 +123,12 @@ static void extra(fx_obs *o, const kvs_kv *kv, int layer, const char *hook, int 
             note("store holds vs initial + local", &seen.bad_window, layer, n, want);
     }
     seen.code_expect += (double)s->nkv * s->m * L->att_mid * s->bits / 8.0;
-    /* the fast tier beyond the store is counted: a code byte per sub-space of every coded
-     * token, the centroids, and every resident cache block (all KV heads, key and value) */
+    /* the memory beyond the store is counted: a code byte per sub-space of every coded
+     * token, the centroids, every resident cache block (all KV heads, key and value), and the
+     * slow tier's records when it is memory */
     size_t want = 0;
+    for (int l = 0; l < s->L && !kvs_tier_is_file(s->tier); l++)
+        want += (size_t)s->layers[l].n_mid * s->nkv * s->rec;
     for (int l = 0; l < s->L; l++) {
         const pq_layer *Ll = &s->layers[l];
         if (Ll->indexed)

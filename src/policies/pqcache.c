@@ -867,13 +867,14 @@ static int offloaded(const kvs_policy *p, int layer)
     return s ? s->layers[layer].n_mid : 0;
 }
 
-/* The fast tier beyond the store: codes, centroids, the block cache. */
+/* What the cache holds in memory beyond the store: codes, centroids, the block cache, and
+ * the slow tier when it is memory (a file tier is on disk, reported apart). */
 static size_t state_bytes(const kvs_policy *p)
 {
     const pq_state *s = p->state;
     if (!s)
         return 0;
-    size_t b = 0;
+    size_t b = kvs_tier_is_file(s->tier) ? 0 : kvs_tier_bytes(s->tier);
     for (int l = 0; l < s->L; l++) {
         const pq_layer *L = &s->layers[l];
         if (L->indexed)
