@@ -330,6 +330,15 @@ void fx_run_free(fx_run *r)
     r->o = NULL;
 }
 
+int fx_argmax(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b])
+            b = i;
+    return b;
+}
+
 double fx_max_diff(const fx_run *a, const fx_run *b, int n_vocab)
 {
     if (!a->logits || !b->logits)

@@ -76,6 +76,8 @@ void fx_exec(fx_run *r, const kvs_model *model, const int32_t *tokens);
 void fx_run_free(fx_run *r);
 /* Largest |difference| of the logits both runs hold (INFINITY if one has none; NaN counts). */
 double fx_max_diff(const fx_run *a, const fx_run *b, int n_vocab);
+/* Index of the largest of x[0, n) (the first on ties). */
+int fx_argmax(const float *x, int n);
 /* 1 if both runs kept the same positions in every (layer, head) at the end of the prompt. */
 int fx_same_kept(const fx_run *a, const fx_run *b, const kvs_model_info *info);
 /* 1 if the policy type declares a parameter of that name. */

@@ -179,15 +179,6 @@ static void run(fx_run *r, const char *spec, const char *kv_type, int threads)
            seen.bad_set, seen.bad_count, seen.bad_window, seen.bad_cache, seen.first);
 }
 
-static int argmax(const float *x, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b])
-            b = i;
-    return b;
-}
-
 /* §7 test 12: k at least every middle token (k = the context) equals the dense cache up to
  * summation order, with the same greedy tokens; the spec's budget=1.0 is not enough. */
 static void full_budget(const fx_run *full)
@@ -199,8 +190,8 @@ static void full_budget(const fx_run *full)
     CHECKF(d <= 1e-4, "k >= middle: logits differ from the full cache by %g", d);
     int same = 1;
     for (int t = 0; t <= DECODE; t++)
-        same &= argmax(r.logits + (size_t)t * info.n_vocab, info.n_vocab) ==
-                argmax(full->logits + (size_t)t * info.n_vocab, info.n_vocab);
+        same &= fx_argmax(r.logits + (size_t)t * info.n_vocab, info.n_vocab) ==
+                fx_argmax(full->logits + (size_t)t * info.n_vocab, info.n_vocab);
     CHECK(same);
     fx_run_free(&r);
 }

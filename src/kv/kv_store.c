@@ -648,6 +648,19 @@ static int grown_cap(const kvs_store *s, int need)
     return cap > s->cfg.max_slots ? s->cfg.max_slots : cap;
 }
 
+/* Whether n rows from position pos[0] on fit a head: within the context, after its last. */
+static kvs_status check_room(const kvs_store *s, const store_head *H, int n, const int32_t *pos,
+                             kvs_error *err)
+{
+    if (n > s->cfg.max_slots - H->count)
+        return kvs_fail(err, KVS_ERR_ARG, "KV cache full: %d + %d tokens exceed the context of %d",
+                        H->count, n, s->cfg.max_slots);
+    if (n > 0 && H->count > 0 && pos[0] <= H->pos[H->start + H->count - 1])
+        return kvs_fail(err, KVS_ERR_ARG, "KV append: position %d is not after %d", pos[0],
+                        H->pos[H->start + H->count - 1]);
+    return KVS_OK;
+}
+
 kvs_status kvs_store_append(kvs_store *s, int layer, int n, const float *k, const float *v,
                             const int32_t *pos, kvs_error *err)
 {
@@ -659,14 +672,9 @@ kvs_status kvs_store_append(kvs_store *s, int layer, int n, const float *k, cons
     /* All or nothing over the layer's heads: check every head and allocate every block that must
      * grow before any head changes. */
     for (int h = 0; h < nkv; h++) {
-        const store_head *H = head_at(s, layer, h);
-        if (n > s->cfg.max_slots - H->count)
-            return kvs_fail(err, KVS_ERR_ARG,
-                            "KV cache full: %d + %d tokens exceed the context of %d", H->count,
-                            n, s->cfg.max_slots);
-        if (H->count > 0 && pos[0] <= H->pos[H->start + H->count - 1])
-            return kvs_fail(err, KVS_ERR_ARG, "KV append: position %d is not after %d", pos[0],
-                            H->pos[H->start + H->count - 1]);
+        kvs_status rst = check_room(s, head_at(s, layer, h), n, pos, err);
+        if (rst != KVS_OK)
+            return rst;
     }
     for (int h = 0; h < nkv && s->kivi.k_bits; h++) {
         store_head *H = head_at(s, layer, h);
@@ -727,12 +735,9 @@ kvs_status kvs_store_append_raw(kvs_store *s, int layer, int head, int n, const 
 {
     store_head *H = head_at(s, layer, head);
     KVS_ASSERT(!s->kivi.k_bits);
-    if (n > s->cfg.max_slots - H->count)
-        return kvs_fail(err, KVS_ERR_ARG, "KV cache full: %d + %d tokens exceed the context of %d",
-                        H->count, n, s->cfg.max_slots);
-    if (n > 0 && H->count > 0 && pos[0] <= H->pos[H->start + H->count - 1])
-        return kvs_fail(err, KVS_ERR_ARG, "KV append: position %d is not after %d", pos[0],
-                        H->pos[H->start + H->count - 1]);
+    kvs_status rst = check_room(s, H, n, pos, err);
+    if (rst != KVS_OK)
+        return rst;
     const int need = H->count + n;
     if (need > H->cap) {
         char *blk = malloc(block_bytes(s, grown_cap(s, need)));

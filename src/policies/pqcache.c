@@ -6,7 +6,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/kernels.h"
 #include "core/random.h"
@@ -45,13 +44,6 @@ static const char *const measure_words[] = {"off", "on", NULL};
 static const kvs_param_words words[] = {
     {"evict", evict_words}, {"gqa", gqa_words}, {"scores", scores_words},
     {"measure", measure_words}};
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 static int param_i(const kvs_policy *p, int i) { return (int)p->spec.values[i]; }
 
@@ -365,7 +357,7 @@ static kvs_status gather_middle_all(pq_state *s, int layer, int h, int n_mid, kv
  * the adaptive iteration count fits the clustering into (§2.3). */
 static void time_layers(pq_state *s, int layer)
 {
-    const double t = now();
+    const double t = pq_now();
     if (s->last_layer >= 0 && layer == s->last_layer + 1)
         s->layers[s->last_layer].t_compute += t - s->t_layer_start;
     s->t_layer_start = t;
@@ -809,10 +801,10 @@ static kvs_status attend(kvs_policy *p, kvs_pool *pool, int layer, const float *
     L->att_mid = L->n_mid;
     const int *sel[s->nkv];
     int n_sel[s->nkv];
-    double t0 = now();
+    double t0 = pq_now();
     if ((st = select_all(s, pool, layer, q, n_sel, err)) != KVS_OK)
         return st;
-    double t1 = now();
+    double t1 = pq_now();
     L->t_select += t1 - t0;
     for (int h = 0; h < s->nkv && st == KVS_OK; h++) {
         int *idx = s->idx + (size_t)h * s->scratch_cap;
@@ -829,11 +821,11 @@ static kvs_status attend(kvs_policy *p, kvs_pool *pool, int layer, const float *
         return st;
     kvs_attn_args a = {.store = s->gather, .layer = 0, .n_heads = p->n_heads, .n = 1, .q = q,
                        .qpos = &pos, .out = out};
-    t0 = now();
+    t0 = pq_now();
     L->t_gather += t0 - t1;
     if ((st = kvs_attention(pool, s->attn, &a, err)) != KVS_OK)
         return st;
-    t1 = now();
+    t1 = pq_now();
     L->t_attend += t1 - t0;
     *attended = kvs_store_count(s->gather, 0, 0);
     s->att_layer = layer;
@@ -846,7 +838,7 @@ static kvs_status attend(kvs_policy *p, kvs_pool *pool, int layer, const float *
            s->n_local)
         if ((st = leave_window(p, layer, err)) != KVS_OK)
             return st;
-    L->t_update += now() - t1;
+    L->t_update += pq_now() - t1;
     return KVS_OK;
 }
 

@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "core/debug.h"
 #include "kv/attention.h"
@@ -93,6 +94,14 @@ typedef struct pq_state {
     double wait_seconds;       /* main thread waiting for the index at the first decode step */
     double kmeans_seconds;
 } pq_state;
+
+/* Seconds on the monotonic clock (the phases' timing). */
+static inline double pq_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 /* pqcache_worker.c */
 kvs_status pq_worker_start(pq_state *s, kvs_error *err);

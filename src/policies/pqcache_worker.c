@@ -3,18 +3,10 @@
  * later layers; the first decode step waits for it layer by layer. */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/kernels.h"
 #include "core/random.h"
 #include "policies/pqcache_internal.h"
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 kvs_status pq_tier_read_locked(pq_state *s, int l, int h, int first, int n, void *dst,
                                kvs_error *err)
@@ -89,7 +81,7 @@ static kvs_status run_job(pq_state *s, int l, kvs_error *err)
         L->indexed = 0;
         return KVS_OK;
     }
-    const double t0 = now();
+    const double t0 = pq_now();
     L->iters = job_iters(s, l, n);
     float *x = malloc(sizeof(float) * (size_t)n * hd);
     char *buf = malloc(s->rec * PIECE);
@@ -116,7 +108,7 @@ static kvs_status run_job(pq_state *s, int l, kvs_error *err)
         return st;
     L->indexed = 1;
     L->n_codes = n;
-    L->t_kmeans = now() - t0;
+    L->t_kmeans = pq_now() - t0;
     if (iters_run > 0) /* per point, iteration and sub-space job: the next layer's estimate */
         s->sec_per_point_iter = L->t_kmeans / ((double)n * (double)iters_run);
     return KVS_OK;
@@ -189,13 +181,13 @@ kvs_status pq_worker_queue(pq_state *s, int l, kvs_error *err)
 kvs_status pq_worker_wait(pq_state *s, int l, kvs_error *err)
 {
     pq_layer *L = &s->layers[l];
-    const double t0 = now();
+    const double t0 = pq_now();
     pthread_mutex_lock(&s->lock);
     while (!L->ready && !s->failed)
         pthread_cond_wait(&s->cond, &s->lock);
     const int failed = s->failed;
     pthread_mutex_unlock(&s->lock);
-    s->wait_seconds += now() - t0;
+    s->wait_seconds += pq_now() - t0;
     if (failed)
         return kvs_fail(err, KVS_ERR_IO, "pqcache: building the index failed: %s",
                         s->worker_err);
