@@ -39,8 +39,8 @@ static const cli_command recall_cmd = {
     "--plot draws, in one PNG made at the end: per policy, budget and KV type, a heat map of\n"
     "accuracy over needle depth (rows: the manifest's depth to the nearest 0.1) x prompt set\n"
     "(columns, by context length), red 0 to green 1, each cell labelled right/answers, blank\n"
-    "where no prompt fell; below them accuracy against attended share, one line per policy\n"
-    "and KV type across its budgets (all prompt sets pooled).\n"
+    "where no prompt fell; below them accuracy against attended share (log scale), one line\n"
+    "per policy and KV type across its budgets (all prompt sets pooled).\n"
     "\n",
     NULL};
 

@@ -309,9 +309,19 @@ static void write_chart(FILE *f, const char *data, const layout *L, double chart
 {
     static const int filled_pt[] = {7, 5, 9, 11, 13, 15};
     const int n_pt = (int)(sizeof filled_pt / sizeof filled_pt[0]);
-    fprintf(f, "set origin 0,0\nset size 1,%.5f\nset bmargin\n"
-               "set xrange [0:1.05]\nset yrange [-0.02:1.05]\n"
-               "set xtics autofreq scale 1\nset ytics autofreq format '%%g'\nset format x '%%g'\n"
+    /* A log scale for the share: the budgets worth comparing sit at 1-10% of the context,
+     * which a linear axis to 1 (the full cache) squeezes into its left edge. */
+    double lo = 0.005;
+    for (int i = 0; i < L->n_panels; i++) {
+        const double share = L->panels[i].n_prompts ? L->panels[i].share_sum /
+                                                          L->panels[i].n_prompts : 1;
+        if (share > 0 && share / 1.5 < lo)
+            lo = share / 1.5;
+    }
+    fprintf(f, "set origin 0,0\nset size 1,%.5f\nset bmargin\nset logscale x 10\n"
+               "set xrange [%g:1.3]\nset yrange [-0.02:1.05]\n"
+               "set xtics (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1) scale 1\n"
+               "set ytics autofreq format '%%g'\nset format x '%%g'\n"
                "set grid\nset key outside right top vertical box samplen 2 reverse Left width 1\n"
                "set xlabel 'share of the context attended (slots attended / tokens seen, mean "
                "over decode steps and prompts)'\n"
@@ -319,7 +329,7 @@ static void write_chart(FILE *f, const char *data, const layout *L, double chart
                "set title 'Accuracy against the share of the context attended, all prompt sets "
                "pooled; points labelled with their budget'\n"
                "plot ",
-            chart_h);
+            chart_h, lo);
     for (int l = 0; l < L->n_lines; l++) {
         const line *ln = &L->lines[l];
         char title[400];
