@@ -82,10 +82,11 @@ static kvs_status split_budget(const kvs_policy *p, int n_init, int *local, int 
     return KVS_OK;
 }
 
-/* The initial tokens and the current one: slots=N below that leaves nothing to attend. */
+/* slots=N: the initial tokens and the current one, below which nothing is left to attend. A
+ * fraction is not raised: it sizes the local window and top-k only (split_budget). */
 static int min_budget(const kvs_policy_spec *spec)
 {
-    return (int)kvs_policy_spec_param(spec, "init") + 1;
+    return spec->budget_is_fraction ? 1 : (int)kvs_policy_spec_param(spec, "init") + 1;
 }
 
 /* ---- state ---- */

@@ -10,6 +10,8 @@ RUN=("$KVS_BIN" run -m "$M" -p "Once upon a time" -n 48 --temp 0 -t 2)
 
 "${RUN[@]}" --kv pqcache:budget=0.25 >"$TMP/mem.txt" 2>"$TMP/mem.err" \
   && pass "memory tier runs" || fail "memory tier: $(head -c 300 "$TMP/mem.err")"
+grep -q "below the" "$TMP/mem.err" && fail "a fraction is raised: $(head -c 200 "$TMP/mem.err")" \
+  || pass "a fraction sizes the window and top-k, no minimum notice"
 mkdir "$TMP/tiers"
 "${RUN[@]}" --kv "pqcache:budget=0.25,tier=$TMP/tiers/t.bin" >"$TMP/file.txt" 2>"$TMP/file.err" \
   && pass "file tier runs" || fail "file tier: $(head -c 300 "$TMP/file.err")"
@@ -35,6 +37,15 @@ expect_fail "tier path exists" "tier=$TMP/tiers/existing" \
   || fail "the existing file changed"
 rm "$TMP/tiers/existing"
 expect_fail "pqcache on KIVI storage" "KIVI storage" "${RUN[@]}" --kv pqcache:budget=0.25 --kv-type kivi4
+
+# An unwritable place (sysfs refuses new files, root included): exit 1 naming the tier.
+if ! touch /sys/kvs-probe 2>/dev/null; then
+  status=0
+  "${RUN[@]}" --kv pqcache:budget=0.25,tier=/sys/kvs-tier.bin >"$TMP/out" 2>"$TMP/err" || status=$?
+  [ "$status" = 1 ] && grep -q "tier=/sys/kvs-tier.bin" "$TMP/err" \
+    && pass "unwritable tier: $(head -n 1 "$TMP/err")" \
+    || fail "unwritable tier: exit $status: $(head -c 300 "$TMP/err")"
+fi
 
 # A full tier: the file size limit (SIGXFSZ ignored, so the write fails with EFBIG) stops the
 # tier at 16 KiB; the run fails with status 1 naming the tier, and the file is gone.
