@@ -58,6 +58,11 @@ static void memory_tier(void)
         return;
     CHECK(!kvs_tier_is_file(t) && kvs_tier_bytes(t) == 0);
     round_trip(t, "memory");
+    /* read in place: the bytes written, where they were written */
+    unsigned char w[REGION];
+    fill(w, REGION, 2);
+    const void *in_place = kvs_tier_peek(t, 1, 100, 200);
+    CHECK(in_place && !memcmp(in_place, w + 100, 200));
     kvs_tier_close(t);
     kvs_tier_close(NULL);
     CHECK(kvs_tier_open(NULL, 0, REGION, &t, &err) == KVS_ERR_ARG && t == NULL);
@@ -77,6 +82,7 @@ static void file_tier(const char *dir)
     CHECKF(stat(path, &sb) != 0 && errno == ENOENT, "%s exists while the tier is open", path);
     CHECK(kvs_tier_is_file(t));
     round_trip(t, "file");
+    CHECK(kvs_tier_peek(t, 0, 0, 16) == NULL); /* a file is only read through a copy */
     kvs_tier_close(t);
 }
 

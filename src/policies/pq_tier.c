@@ -145,6 +145,13 @@ kvs_status kvs_tier_read(kvs_tier *t, int region, size_t off, void *dst, size_t 
     return KVS_OK;
 }
 
+const void *kvs_tier_peek(const kvs_tier *t, int region, size_t off, size_t n)
+{
+    KVS_ASSERT(region >= 0 && region < t->n_regions && off + n <= t->high[region]);
+    (void)n;
+    return t->mem ? t->mem + at(t, region, off) : NULL;
+}
+
 int kvs_tier_is_file(const kvs_tier *t) { return t && t->fd >= 0; }
 
 size_t kvs_tier_bytes(const kvs_tier *t)

@@ -27,6 +27,10 @@ kvs_status kvs_tier_write(kvs_tier *t, int region, size_t off, const void *src, 
 kvs_status kvs_tier_read(kvs_tier *t, int region, size_t off, void *dst, size_t n,
                          kvs_error *err);
 
+/* A memory tier's bytes [off, off + n) of a region, to read in place (no copy), valid until
+ * the next write to that range; NULL for a file tier. Only bytes written before. */
+const void *kvs_tier_peek(const kvs_tier *t, int region, size_t off, size_t n);
+
 /* Whether the tier is a file; the bytes it holds (each region up to its highest write). */
 int kvs_tier_is_file(const kvs_tier *t);
 size_t kvs_tier_bytes(const kvs_tier *t);

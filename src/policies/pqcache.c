@@ -333,6 +333,20 @@ static kvs_status gather_store_rows(pq_state *s, const kvs_store *st, int layer,
                                 row, kvs_store_pos(st, layer, h) + a, err);
 }
 
+/* Middle records [first, first + n) of (layer, h): a memory tier's in place (only the main
+ * thread writes the tier, and the worker reads other layers' regions), a file's read into buf
+ * (room for n records). */
+static kvs_status tier_view(pq_state *s, char *buf, int layer, int h, int first, int n,
+                            const char **out, kvs_error *err)
+{
+    *out = kvs_tier_peek(s->tier, layer * s->nkv + h, (size_t)first * s->rec,
+                         (size_t)n * s->rec);
+    if (*out)
+        return KVS_OK;
+    *out = buf;
+    return pq_tier_read_locked(s, layer, h, first, n, buf, err);
+}
+
 /* Appends middle tokens [first, first + n) of (layer, h), read from the slow tier. */
 #define PIECE 1024
 
@@ -342,11 +356,12 @@ static kvs_status gather_middle_all(pq_state *s, int layer, int h, int n_mid, kv
     kvs_status st = reserve_run(s, (size_t)PIECE * s->rec, err);
     for (int first = 0; first < n_mid && st == KVS_OK; first += PIECE) {
         const int n = n_mid - first < PIECE ? n_mid - first : PIECE;
-        if ((st = pq_tier_read_locked(s, layer, h, first, n, s->run, err)) != KVS_OK)
+        const char *recs;
+        if ((st = tier_view(s, s->run, layer, h, first, n, &recs, err)) != KVS_OK)
             break;
         for (int i = 0; i < n; i++)
             pos[i] = s->n_init + first + i;
-        st = kvs_store_append_raw(s->gather, 0, h, n, s->run, s->run + (size_t)s->hd * s->esz,
+        st = kvs_store_append_raw(s->gather, 0, h, n, recs, recs + (size_t)s->hd * s->esz,
                                   s->rec, pos, err);
     }
     return st;
@@ -511,10 +526,11 @@ static kvs_status exact_middle(pq_state *s, pq_lane *ln, int layer, int h, const
     kvs_status st = KVS_OK;
     for (int first = 0; first < n_mid && st == KVS_OK; first += PIECE) {
         const int n = n_mid - first < PIECE ? n_mid - first : PIECE;
-        if ((st = pq_tier_read_locked(s, layer, h, first, n, ln->run, err)) != KVS_OK)
+        const char *recs;
+        if ((st = tier_view(s, ln->run, layer, h, first, n, &recs, err)) != KVS_OK)
             break;
         for (int i = 0; i < n; i++) {
-            const char *key = ln->run + (size_t)i * s->rec;
+            const char *key = recs + (size_t)i * s->rec;
             out[first + i] = s->esz == 2 ? kvs_dot_f16_f32((const uint16_t *)key, q, s->hd)
                                          : kvs_dot_f32(q, (const float *)key, s->hd);
         }
@@ -691,11 +707,14 @@ static kvs_status gather_selected(pq_state *s, int layer, int h, const int *idx,
                (!s->cache_blocks || kvs_blocks_lookup(L->blocks, idx[b] / PQ_BLOCK) < 0))
             b++;
         const int span = idx[b - 1] - j + 1;
-        if ((st = reserve_run(s, (size_t)span * s->rec, err)) != KVS_OK ||
-            (st = pq_tier_read_locked(s, layer, h, j, span, s->run, err)) != KVS_OK)
+        const char *recs;
+        if (kvs_tier_is_file(s->tier) &&
+            (st = reserve_run(s, (size_t)span * s->rec, err)) != KVS_OK)
+            break;
+        if ((st = tier_view(s, s->run, layer, h, j, span, &recs, err)) != KVS_OK)
             break;
         L->fetched_bytes += (double)span * s->rec;
-        st = append_records(s, h, s->run, j, idx + a, b - a, err);
+        st = append_records(s, h, recs, j, idx + a, b - a, err);
         L->misses += b - a;
         a = b;
     }
