@@ -7,7 +7,7 @@
 #   bench/pqcache_bench.sh [BUILD_DIR]          (default BUILD_DIR: <repo>/build)
 # Env: CONTEXTS ("8192 32768": prompt lengths), N_GEN (32), THREADS (2), TYPE (f32 weights),
 #      KV_TYPE (f16), SHAPE (the 85.7M llama), POLICIES ("full snapkv:budget=0.1
-#      pqcache:budget=0.1").
+#      pqcache:budget=0.1 pqcache:budget=0.1,cache=0").
 # Output: a markdown table on stdout, progress on stderr, BUILD_DIR/bench/pqcache/pqcache.json.
 # A benchmark, not a test.
 set -euo pipefail
@@ -21,7 +21,7 @@ kvslim=$build/kvslim
 contexts=${CONTEXTS:-8192 32768} n_gen=${N_GEN:-32} threads=${THREADS:-2} type=${TYPE:-f32}
 kv_type=${KV_TYPE:-f16}
 shape=${SHAPE:-dim=768,hidden=2048,layers=12,heads=12,kv_heads=12,vocab=512}
-policies=${POLICIES:-full snapkv:budget=0.1 pqcache:budget=0.1}
+policies=${POLICIES:-full snapkv:budget=0.1 pqcache:budget=0.1 pqcache:budget=0.1,cache=0}
 out=$build/bench/pqcache
 mkdir -p "$out"
 max=0
@@ -55,6 +55,10 @@ for arg in sys.argv[5:]:
     m = re.search(r"k-means ([\d.]+) s", rep); r["kmeans_s"] = float(m.group(1)) if m else None
     m = re.search(r"([\d.]+) KiB read", rep); r["tier_kib_per_layer_step"] = float(m.group(1)) if m else None
     m = re.search(r"hit rate ([\d.]+)", rep); r["cache_hit_rate"] = float(m.group(1)) if m else None
+    # the paper's TPOT: decode without the first step's wait for the index (its TT2T)
+    wait = r["first_step_wait_s"] or 0.0
+    t_dec = r["n_gen"] / r["decode_tok_s"]
+    r["decode_after_index_tok_s"] = r["n_gen"] / (t_dec - wait) if t_dec > wait else None
     rows.append(r)
 full = {r["n_prompt"]: r for r in rows if r["policy"] == "full"}
 for r in rows:
@@ -72,11 +76,12 @@ mib = lambda b: f"{b / 2**20:.1f} MiB"
 opt = lambda v, f: f.format(v) if v is not None else "-"
 print(f"synthetic 85.7M, F32 weights, KV {kv_type}, {n_gen} decoded, {threads} threads, one run\n")
 print("| prompt | policy | prefill tok/s | vs full | decode tok/s | vs full | vs shortest prompt "
-      "| KV bytes (fast tier) | peak RSS | k-means s | first step waited s | slow tier KiB read per layer step | block-cache hit rate |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+      "| decode tok/s after the index is ready | KV bytes | peak RSS | k-means s | first step waited s | slow tier KiB read per layer step | block-cache hit rate |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     print(f"| {r['n_prompt']} | {r['policy']} | {r['prefill_tok_s']:.1f} | {opt(r['prefill_vs_full'], '{:.2f}x')} "
           f"| {r['decode_tok_s']:.2f} | {opt(r['decode_vs_full'], '{:.2f}x')} | {opt(r['decode_vs_shortest'], '{:.2f}')} "
+          f"| {opt(r['decode_after_index_tok_s'], '{:.2f}')} "
           f"| {mib(r['kv_bytes'])} | {mib(r['peak_rss_bytes'])} | {opt(r['kmeans_s'], '{:.2f}')} "
           f"| {opt(r['first_step_wait_s'], '{:.3f}')} | {opt(r['tier_kib_per_layer_step'], '{:.1f}')} "
           f"| {opt(r['cache_hit_rate'], '{:.3f}')} |")

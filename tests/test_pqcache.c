@@ -79,6 +79,9 @@ static void check_cache(pq_state *s, int layer)
 {
     pq_layer *L = &s->layers[layer];
     const size_t bb = (size_t)s->nkv * PQ_BLOCK * s->rec;
+    kvs_error werr = {0}; /* the worker copies new blocks in: wait as the next step would */
+    if (pq_worker_wait_fill(s, layer, &werr) != KVS_OK)
+        note("cache fill failed", &seen.bad_cache, layer, 0, 0);
     char *buf = malloc(bb);
     for (int b = 0; buf && b * PQ_BLOCK < L->n_mid; b++) {
         const int slot = kvs_blocks_lookup(L->blocks, b);

@@ -100,6 +100,8 @@ static void free_layer(pq_state *s, pq_layer *L)
         for (int i = 0; i < s->cache_blocks; i++)
             free(L->arena[i]);
     free(L->arena);
+    free(L->fill_block);
+    free(L->fill_slot);
     kvs_blocks_free(L->blocks);
 }
 
@@ -189,7 +191,10 @@ static kvs_status alloc_layers(pq_state *s, int ctx, kvs_error *err)
         L->centroids = malloc(sizeof(float) * centroid_floats(s) * (size_t)s->nkv);
         L->blocks = kvs_blocks_new(s->cache_blocks, s->lru);
         L->arena = s->cache_blocks ? calloc((size_t)s->cache_blocks, sizeof(char *)) : NULL;
-        if (!L->centroids || !L->blocks || (s->cache_blocks && !L->arena))
+        L->fill_block = malloc(sizeof(int) * (size_t)s->kcache);
+        L->fill_slot = malloc(sizeof(int) * (size_t)s->kcache);
+        if (!L->centroids || !L->blocks || (s->cache_blocks && !L->arena) || !L->fill_block ||
+            !L->fill_slot)
             return kvs_fail(err, KVS_ERR_NOMEM, "pqcache: out of memory");
     }
     (void)ctx;
@@ -737,6 +742,7 @@ static kvs_status update_cache(pq_state *s, int layer, const int *const *sel, co
             if (sel[h][i] / PQ_BLOCK < full)
                 s->block_count[sel[h][i] / PQ_BLOCK]++;
     const int n = kvs_blocks_rank(s->block_count, full, s->kcache, s->rank, s->rank_scratch);
+    L->n_fill = 0;
     for (int i = 0; i < n; i++) {
         int fresh = 0, evicted = -1;
         const int slot = kvs_blocks_insert(L->blocks, s->rank[i], &fresh, &evicted);
@@ -744,15 +750,24 @@ static kvs_status update_cache(pq_state *s, int layer, const int *const *sel, co
             continue;
         if (!L->arena[slot] && !(L->arena[slot] = malloc(block_bytes(s))))
             return kvs_fail(err, KVS_ERR_NOMEM, "pqcache: out of memory for the block cache");
-        for (int h = 0; h < s->nkv; h++) {
-            kvs_status st = pq_tier_read_locked(s, layer, h, s->rank[i] * PQ_BLOCK, PQ_BLOCK,
-                                                L->arena[slot] + (size_t)h * PQ_BLOCK * s->rec,
-                                                err);
-            if (st != KVS_OK)
-                return st;
-        }
+        /* a slot taken twice in one update (capacity below kcache) is filled once, last */
+        for (int f = 0; f < L->n_fill; f++)
+            if (L->fill_slot[f] == slot)
+                L->fill_slot[f] = -1;
+        L->fill_block[L->n_fill] = s->rank[i];
+        L->fill_slot[L->n_fill++] = slot;
         L->fill_bytes += (double)block_bytes(s);
     }
+    int kept = 0; /* drop the overwritten entries */
+    for (int f = 0; f < L->n_fill; f++)
+        if (L->fill_slot[f] >= 0) {
+            L->fill_block[kept] = L->fill_block[f];
+            L->fill_slot[kept++] = L->fill_slot[f];
+        }
+    L->n_fill = kept;
+    if (kept > 0) /* copied in by the worker, off the critical path; waited for at the layer's
+                   * next step (pqcache.md §6 item 16) */
+        pq_worker_queue_fill(s, layer);
     return KVS_OK;
 }
 
@@ -818,6 +833,8 @@ static kvs_status attend(kvs_policy *p, kvs_pool *pool, int layer, const float *
         free(L->local_keys);
         L->local_keys = NULL;
     }
+    if (L->fill_pending && (st = pq_worker_wait_fill(s, layer, err)) != KVS_OK)
+        return st;
     L->att_mid = L->n_mid;
     const int *sel[s->nkv];
     int n_sel[s->nkv];

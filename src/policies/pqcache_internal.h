@@ -38,6 +38,9 @@ typedef struct pq_layer {
     int local_rows;
     kvs_blocks *blocks;     /* block cache bookkeeping */
     char **arena;           /* per cache slot: PQ_BLOCK records of every KV head, or NULL */
+    int *fill_block, *fill_slot; /* the blocks a step's cache update copies in (kcache each) */
+    int n_fill;
+    int fill_pending;       /* the worker is copying them (under pq_state.lock) */
     /* the last decode step, for attended_positions and the statistics */
     int att_mid;            /* middle tokens when the last step selected */
     double hits, misses, fetched_bytes, fill_bytes, code_bytes, steps;
@@ -87,7 +90,8 @@ typedef struct pq_state {
     int thread_started, stop, failed;
     pthread_mutex_t lock; /* the queue, ready flags, and every slow-tier access */
     pthread_cond_t cond;
-    int *queue, q_head, q_tail;
+    int *queue, q_head, q_tail; /* a ring of 2 L jobs: l clusters layer l, L + l fills its
+                                 * cache blocks; each layer has at most one of each queued */
     double sec_per_point_iter; /* measured by finished jobs (adaptive iterations) */
     char worker_err[sizeof((kvs_error *)0)->msg];
     int att_layer;             /* the layer the gather store holds (attended_positions) */
@@ -110,6 +114,12 @@ void pq_worker_stop(pq_state *s);
 kvs_status pq_worker_queue(pq_state *s, int l, kvs_error *err);
 /* Waits for layer l's index (the first decode step); fails if the worker failed. */
 kvs_status pq_worker_wait(pq_state *s, int l, kvs_error *err);
+/* Queues the copy of layer l's n_fill new cache blocks from the slow tier (the step's cache
+ * update, off the critical path: pqcache.md §6 item 16). */
+void pq_worker_queue_fill(pq_state *s, int l);
+/* Waits until layer l's cache blocks are filled (before the layer's next lookup); fails if
+ * the worker failed. */
+kvs_status pq_worker_wait_fill(pq_state *s, int l, kvs_error *err);
 
 /* Slow-tier access under the state's lock. */
 kvs_status pq_tier_read_locked(pq_state *s, int l, int h, int first, int n, void *dst,

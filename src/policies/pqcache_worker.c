@@ -114,6 +114,23 @@ static kvs_status run_job(pq_state *s, int l, kvs_error *err)
     return KVS_OK;
 }
 
+/* Copies layer l's new cache blocks in from the slow tier (every KV head of each). The main
+ * thread touches neither these slots nor the layer's cache until pq_worker_wait_fill. */
+static kvs_status run_fill(pq_state *s, int l, kvs_error *err)
+{
+    pq_layer *L = &s->layers[l];
+    for (int i = 0; i < L->n_fill; i++)
+        for (int h = 0; h < s->nkv; h++) {
+            kvs_status st = pq_tier_read_locked(s, l, h, L->fill_block[i] * PQ_BLOCK, PQ_BLOCK,
+                                                L->arena[L->fill_slot[i]] +
+                                                    (size_t)h * PQ_BLOCK * s->rec,
+                                                err);
+            if (st != KVS_OK)
+                return st;
+        }
+    return KVS_OK;
+}
+
 static void *worker_main(void *arg)
 {
     pq_state *s = arg;
@@ -123,17 +140,23 @@ static void *worker_main(void *arg)
             pthread_cond_wait(&s->cond, &s->lock);
         if (s->stop)
             break;
-        const int l = s->queue[s->q_head++], failed = s->failed;
+        const int job = s->queue[s->q_head], failed = s->failed;
+        s->q_head = (s->q_head + 1) % (2 * s->L);
+        const int l = job % s->L, fill = job >= s->L;
         pthread_mutex_unlock(&s->lock);
         kvs_error err = {0};
-        kvs_status st = failed ? KVS_ERR_IO : run_job(s, l, &err);
+        kvs_status st = failed ? KVS_ERR_IO : fill ? run_fill(s, l, &err) : run_job(s, l, &err);
         pthread_mutex_lock(&s->lock);
         if (st != KVS_OK && !s->failed) {
             s->failed = 1;
             snprintf(s->worker_err, sizeof s->worker_err, "%s", err.msg);
         }
-        s->kmeans_seconds += s->layers[l].t_kmeans;
-        s->layers[l].ready = 1;
+        if (fill) {
+            s->layers[l].fill_pending = 0;
+        } else {
+            s->kmeans_seconds += s->layers[l].t_kmeans;
+            s->layers[l].ready = 1;
+        }
         pthread_cond_broadcast(&s->cond);
     }
     pthread_mutex_unlock(&s->lock);
@@ -142,7 +165,7 @@ static void *worker_main(void *arg)
 
 kvs_status pq_worker_start(pq_state *s, kvs_error *err)
 {
-    if (!(s->queue = malloc(sizeof(int) * (size_t)s->L)))
+    if (!(s->queue = malloc(sizeof(int) * 2 * (size_t)s->L)))
         return kvs_fail(err, KVS_ERR_NOMEM, "pqcache: out of memory for the worker's queue");
     s->q_head = s->q_tail = 0;
     s->stop = s->failed = 0;
@@ -172,7 +195,8 @@ kvs_status pq_worker_queue(pq_state *s, int l, kvs_error *err)
     pthread_mutex_lock(&s->lock);
     s->layers[l].queued = 1;
     s->layers[l].ready = 0;
-    s->queue[s->q_tail++] = l;
+    s->queue[s->q_tail] = l;
+    s->q_tail = (s->q_tail + 1) % (2 * s->L);
     pthread_cond_broadcast(&s->cond);
     pthread_mutex_unlock(&s->lock);
     return KVS_OK;
@@ -190,6 +214,30 @@ kvs_status pq_worker_wait(pq_state *s, int l, kvs_error *err)
     s->wait_seconds += pq_now() - t0;
     if (failed)
         return kvs_fail(err, KVS_ERR_IO, "pqcache: building the index failed: %s",
+                        s->worker_err);
+    return KVS_OK;
+}
+
+void pq_worker_queue_fill(pq_state *s, int l)
+{
+    pthread_mutex_lock(&s->lock);
+    s->layers[l].fill_pending = 1;
+    s->queue[s->q_tail] = s->L + l;
+    s->q_tail = (s->q_tail + 1) % (2 * s->L);
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
+kvs_status pq_worker_wait_fill(pq_state *s, int l, kvs_error *err)
+{
+    pq_layer *L = &s->layers[l];
+    pthread_mutex_lock(&s->lock);
+    while (L->fill_pending && !s->failed)
+        pthread_cond_wait(&s->cond, &s->lock);
+    const int failed = s->failed;
+    pthread_mutex_unlock(&s->lock);
+    if (failed)
+        return kvs_fail(err, KVS_ERR_IO, "pqcache: the slow-tier worker failed: %s",
                         s->worker_err);
     return KVS_OK;
 }
