@@ -82,7 +82,9 @@ static kvs_status run_job(pq_state *s, int l, kvs_error *err)
         return KVS_OK;
     }
     const double t0 = pq_now();
+    pthread_mutex_lock(&s->lock); /* (the main thread may be running another layer's job) */
     L->iters = job_iters(s, l, n);
+    pthread_mutex_unlock(&s->lock);
     float *x = malloc(sizeof(float) * (size_t)n * hd);
     char *buf = malloc(s->rec * PIECE);
     kvs_status st = KVS_OK;
@@ -109,8 +111,10 @@ static kvs_status run_job(pq_state *s, int l, kvs_error *err)
     L->indexed = 1;
     L->n_codes = n;
     L->t_kmeans = pq_now() - t0;
+    pthread_mutex_lock(&s->lock);
     if (iters_run > 0) /* per point, iteration and sub-space job: the next layer's estimate */
         s->sec_per_point_iter = L->t_kmeans / ((double)n * (double)iters_run);
+    pthread_mutex_unlock(&s->lock);
     return KVS_OK;
 }
 
@@ -131,6 +135,30 @@ static kvs_status run_fill(pq_state *s, int l, kvs_error *err)
     return KVS_OK;
 }
 
+/* Takes the next queued job and runs it (the lock held on entry and on return, released
+ * while the job runs): the worker's loop, and the main thread's while it waits. */
+static void run_next_locked(pq_state *s)
+{
+    const int job = s->queue[s->q_head], failed = s->failed;
+    s->q_head = (s->q_head + 1) % (2 * s->L);
+    const int l = job % s->L, fill = job >= s->L;
+    pthread_mutex_unlock(&s->lock);
+    kvs_error err = {0};
+    kvs_status st = failed ? KVS_ERR_IO : fill ? run_fill(s, l, &err) : run_job(s, l, &err);
+    pthread_mutex_lock(&s->lock);
+    if (st != KVS_OK && !s->failed) {
+        s->failed = 1;
+        snprintf(s->worker_err, sizeof s->worker_err, "%s", err.msg);
+    }
+    if (fill) {
+        s->layers[l].fill_pending = 0;
+    } else {
+        s->kmeans_seconds += s->layers[l].t_kmeans;
+        s->layers[l].ready = 1;
+    }
+    pthread_cond_broadcast(&s->cond);
+}
+
 static void *worker_main(void *arg)
 {
     pq_state *s = arg;
@@ -140,24 +168,7 @@ static void *worker_main(void *arg)
             pthread_cond_wait(&s->cond, &s->lock);
         if (s->stop)
             break;
-        const int job = s->queue[s->q_head], failed = s->failed;
-        s->q_head = (s->q_head + 1) % (2 * s->L);
-        const int l = job % s->L, fill = job >= s->L;
-        pthread_mutex_unlock(&s->lock);
-        kvs_error err = {0};
-        kvs_status st = failed ? KVS_ERR_IO : fill ? run_fill(s, l, &err) : run_job(s, l, &err);
-        pthread_mutex_lock(&s->lock);
-        if (st != KVS_OK && !s->failed) {
-            s->failed = 1;
-            snprintf(s->worker_err, sizeof s->worker_err, "%s", err.msg);
-        }
-        if (fill) {
-            s->layers[l].fill_pending = 0;
-        } else {
-            s->kmeans_seconds += s->layers[l].t_kmeans;
-            s->layers[l].ready = 1;
-        }
-        pthread_cond_broadcast(&s->cond);
+        run_next_locked(s);
     }
     pthread_mutex_unlock(&s->lock);
     return NULL;
@@ -207,8 +218,13 @@ kvs_status pq_worker_wait(pq_state *s, int l, kvs_error *err)
     pq_layer *L = &s->layers[l];
     const double t0 = pq_now();
     pthread_mutex_lock(&s->lock);
+    /* Not idle while waiting: the main thread takes queued jobs too (later layers' clustering),
+     * so that two cores shorten the first decode step's wait. */
     while (!L->ready && !s->failed)
-        pthread_cond_wait(&s->cond, &s->lock);
+        if (s->q_head != s->q_tail)
+            run_next_locked(s);
+        else
+            pthread_cond_wait(&s->cond, &s->lock);
     const int failed = s->failed;
     pthread_mutex_unlock(&s->lock);
     s->wait_seconds += pq_now() - t0;
