@@ -904,6 +904,8 @@ static size_t state_bytes(const kvs_policy *p)
     if (!s)
         return 0;
     size_t b = kvs_tier_is_file(s->tier) ? 0 : kvs_tier_bytes(s->tier);
+    pq_state *ws = p->state; /* the worker may be indexing a layer: read under its lock */
+    pthread_mutex_lock(&ws->lock);
     for (int l = 0; l < s->L; l++) {
         const pq_layer *L = &s->layers[l];
         if (L->indexed)
@@ -912,6 +914,7 @@ static size_t state_bytes(const kvs_policy *p)
         for (int i = 0; L->arena && i < s->cache_blocks; i++)
             b += L->arena[i] ? block_bytes(s) : 0;
     }
+    pthread_mutex_unlock(&ws->lock);
     return b;
 }
 
@@ -922,6 +925,9 @@ static int report(const kvs_policy *p, int i, char *buf, size_t size)
         return -1;
     double steps = 0, hits = 0, misses = 0, fetched = 0, fill = 0, codes = 0;
     int indexed = 0, it_lo = 0, it_hi = 0;
+    pq_state *ws = p->state; /* the worker may still be indexing (a prompt without decoding) */
+    pthread_mutex_lock(&ws->lock);
+    const double kmeans_seconds = s->kmeans_seconds;
     for (int l = 0; l < s->L; l++) {
         const pq_layer *L = &s->layers[l];
         steps += L->steps;
@@ -936,12 +942,13 @@ static int report(const kvs_policy *p, int i, char *buf, size_t size)
             indexed++;
         }
     }
+    pthread_mutex_unlock(&ws->lock);
     const double per = steps > 0 ? steps : 1; /* per layer step */
     if (i == 0) {
         snprintf(buf, size, "pqcache: init %d, local %d, top-k %d per KV head; m=%d, bits=%d; "
                  "index on %d of %d layers (%d..%d iterations), k-means %.3f s on its thread, "
                  "%.3f s waited for it at the first decode step", s->n_init, s->n_local, s->k,
-                 s->m, s->bits, indexed, s->L, it_lo, it_hi, s->kmeans_seconds,
+                 s->m, s->bits, indexed, s->L, it_lo, it_hi, kmeans_seconds,
                  s->wait_seconds);
         return 0;
     }

@@ -77,10 +77,8 @@ static kvs_status run_job(pq_state *s, int l, kvs_error *err)
 {
     pq_layer *L = &s->layers[l];
     const int n = L->n_mid + L->local_rows, hd = s->hd;
-    if (n <= (1 << s->bits)) {
-        L->indexed = 0;
+    if (n <= (1 << s->bits)) /* too few points: no index (indexed stays 0) */
         return KVS_OK;
-    }
     const double t0 = pq_now();
     pthread_mutex_lock(&s->lock); /* (the main thread may be running another layer's job) */
     L->iters = job_iters(s, l, n);
@@ -108,10 +106,12 @@ static kvs_status run_job(pq_state *s, int l, kvs_error *err)
     free(buf);
     if (st != KVS_OK)
         return st;
+    /* Under the lock: the main thread reads these while it may still be prefilling (its
+     * byte count, the report); during decoding it reads them once it has waited. */
+    pthread_mutex_lock(&s->lock);
     L->indexed = 1;
     L->n_codes = n;
     L->t_kmeans = pq_now() - t0;
-    pthread_mutex_lock(&s->lock);
     if (iters_run > 0) /* per point, iteration and sub-space job: the next layer's estimate */
         s->sec_per_point_iter = L->t_kmeans / ((double)n * (double)iters_run);
     pthread_mutex_unlock(&s->lock);
