@@ -3,7 +3,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all deps build test demo asan bench clean
+.PHONY: all deps build test demo asan tsan bench clean
 
 all: build
 
@@ -27,8 +27,17 @@ asan: deps
 	cmake --build $(BUILD)-asan -j $(JOBS)
 	cd $(BUILD)-asan && ctest --output-on-failure -j $(JOBS)
 
+# The tests whose code runs threads of its own (PQCache's clustering and cache worker, the
+# thread pool, the slow tier) under ThreadSanitizer.
+TSAN_TESTS = test_pqcache test_threadpool test_pq_tier
+tsan: deps
+	cmake -S . -B $(BUILD)-tsan -DCMAKE_BUILD_TYPE=Debug -DKVS_TSAN=ON >/dev/null
+	cmake --build $(BUILD)-tsan -j $(JOBS) --target $(TSAN_TESTS)
+	cd $(BUILD)-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure \
+	  -R '^(test_pqcache|test_threadpool|test_pq_tier)$$'
+
 bench: build
 	bash bench/run_engine_bench.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan
