@@ -748,16 +748,21 @@ kvs_status kvs_store_append_raw(kvs_store *s, int layer, int head, int n, const 
     } else if (H->start + need > H->cap) {
         rebase(s, H);
     }
-    for (int i = 0; i < n; i++) {
-        const int slot = H->start + H->count + i;
-        memcpy(H->keys + (size_t)slot * s->row_bytes, (const char *)k + (size_t)i * stride,
-               s->row_bytes);
-        memcpy(H->values + (size_t)slot * s->row_bytes, (const char *)v + (size_t)i * stride,
-               s->row_bytes);
-        H->pos[slot] = pos[i];
-        for (int c = 0; c < s->cfg.n_meta; c++)
-            H->meta[c][slot] = 0.0f;
+    const int first = H->start + H->count;
+    if (stride == s->row_bytes) { /* rows side by side: one copy each for keys and values */
+        memcpy(H->keys + (size_t)first * s->row_bytes, k, (size_t)n * s->row_bytes);
+        memcpy(H->values + (size_t)first * s->row_bytes, v, (size_t)n * s->row_bytes);
+    } else {
+        for (int i = 0; i < n; i++) {
+            memcpy(H->keys + (size_t)(first + i) * s->row_bytes,
+                   (const char *)k + (size_t)i * stride, s->row_bytes);
+            memcpy(H->values + (size_t)(first + i) * s->row_bytes,
+                   (const char *)v + (size_t)i * stride, s->row_bytes);
+        }
     }
+    memcpy(H->pos + first, pos, sizeof(int32_t) * (size_t)n);
+    for (int c = 0; c < s->cfg.n_meta; c++)
+        memset(H->meta[c] + first, 0, sizeof(float) * (size_t)n);
     H->count = need;
     check_head(s, H);
     return KVS_OK;
