@@ -97,6 +97,26 @@ static size_t at(const kvs_tier *t, int region, size_t off)
     return (size_t)region * t->region_bytes + off;
 }
 
+/* n bytes between buf and the file at off, all of them: pwrite or pread, retried on EINTR
+ * and short transfers. A failure names the tier as tier=PATH. */
+static kvs_status file_io(kvs_tier *t, int write, size_t off, void *buf, size_t n,
+                          kvs_error *err)
+{
+    for (size_t done = 0; done < n;) {
+        const ssize_t r = write ? pwrite(t->fd, (char *)buf + done, n - done, (off_t)(off + done))
+                                : pread(t->fd, (char *)buf + done, n - done, (off_t)(off + done));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return kvs_fail(err, KVS_ERR_IO, "tier=%s: %s %zu bytes of the slow tier failed: %s",
+                            t->path, write ? "writing" : "reading", n - done,
+                            r < 0 ? strerror(errno)
+                                  : write ? "no progress" : "unexpected end of file");
+        done += (size_t)r;
+    }
+    return KVS_OK;
+}
+
 kvs_status kvs_tier_write(kvs_tier *t, int region, size_t off, const void *src, size_t n,
                           kvs_error *err)
 {
@@ -104,17 +124,9 @@ kvs_status kvs_tier_write(kvs_tier *t, int region, size_t off, const void *src, 
     if (t->mem) {
         memcpy(t->mem + at(t, region, off), src, n);
     } else {
-        for (size_t done = 0; done < n;) {
-            const ssize_t w = pwrite(t->fd, (const char *)src + done, n - done,
-                                     (off_t)(at(t, region, off) + done));
-            if (w < 0 && errno == EINTR)
-                continue;
-            if (w <= 0)
-                return kvs_fail(err, KVS_ERR_IO, "tier=%s: writing %zu bytes of the slow tier "
-                                "failed: %s", t->path, n - done,
-                                w < 0 ? strerror(errno) : "no progress");
-            done += (size_t)w;
-        }
+        kvs_status st = file_io(t, 1, at(t, region, off), (void *)src, n, err);
+        if (st != KVS_OK)
+            return st;
     }
     if (off + n > t->high[region])
         t->high[region] = off + n;
@@ -129,17 +141,9 @@ kvs_status kvs_tier_read(kvs_tier *t, int region, size_t off, void *dst, size_t 
     if (t->mem) {
         memcpy(dst, t->mem + at(t, region, off), n);
     } else {
-        for (size_t done = 0; done < n;) {
-            const ssize_t r = pread(t->fd, (char *)dst + done, n - done,
-                                    (off_t)(at(t, region, off) + done));
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r <= 0)
-                return kvs_fail(err, KVS_ERR_IO, "tier=%s: reading %zu bytes of the slow tier "
-                                "failed: %s", t->path, n - done,
-                                r < 0 ? strerror(errno) : "unexpected end of file");
-            done += (size_t)r;
-        }
+        kvs_status st = file_io(t, 0, at(t, region, off), dst, n, err);
+        if (st != KVS_OK)
+            return st;
     }
     t->read += (double)n;
     return KVS_OK;

@@ -182,7 +182,7 @@ static kvs_status check_params(const kvs_policy *p, int ctx, kvs_error *err)
     return kvs_policy_check_context(p, err);
 }
 
-static kvs_status alloc_layers(pq_state *s, int ctx, kvs_error *err)
+static kvs_status alloc_layers(pq_state *s, kvs_error *err)
 {
     if (!(s->layers = calloc((size_t)s->L, sizeof *s->layers)))
         return kvs_fail(err, KVS_ERR_NOMEM, "pqcache: out of memory");
@@ -197,7 +197,6 @@ static kvs_status alloc_layers(pq_state *s, int ctx, kvs_error *err)
             !L->fill_slot)
             return kvs_fail(err, KVS_ERR_NOMEM, "pqcache: out of memory");
     }
-    (void)ctx;
     return KVS_OK;
 }
 
@@ -233,7 +232,7 @@ static kvs_status start(kvs_policy *p, kvs_error *err)
     s->last_layer = -1;
     s->att_layer = -1;
     if ((st = split_budget(p, s->n_init, &s->n_local, &s->k, err)) != KVS_OK ||
-        (st = alloc_layers(s, ctx, err)) != KVS_OK)
+        (st = alloc_layers(s, err)) != KVS_OK)
         goto fail;
     if ((st = kvs_tier_open(p->spec.path[0] ? p->spec.path : NULL, s->L * s->nkv,
                             (size_t)ctx * s->rec, &s->tier, err)) != KVS_OK) {
@@ -435,8 +434,13 @@ static kvs_status prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kv
     pq_state *s = p->state;
     pq_layer *L = &s->layers[layer];
     const int32_t mid_end = p->n_prompt - s->n_local;
+    /* the slots each head keeps (every head holds the same tokens, so one list serves all) */
+    int *keep = malloc(sizeof(int) * ((size_t)kvs_store_count(p->store, layer, 0) + 1));
+    if (!keep)
+        return kvs_fail(err, KVS_ERR_NOMEM, "pqcache: out of memory");
+    kvs_status st = KVS_OK;
     int moved = -1;
-    for (int h = 0; h < s->nkv; h++) {
+    for (int h = 0; h < s->nkv && st == KVS_OK; h++) {
         const int i0 = slots_below(p->store, layer, h, s->n_init);
         const int i1 = slots_below(p->store, layer, h, mid_end > s->n_init ? mid_end : s->n_init);
         const int n = i1 - i0, count = kvs_store_count(p->store, layer, h);
@@ -445,28 +449,24 @@ static kvs_status prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kv
         if (n == 0)
             continue;
         KVS_ASSERT(kvs_store_pos(p->store, layer, h)[i0] == s->n_init + L->n_mid);
-        for (int first = i0; first < i1; first += PIECE) {
+        for (int first = i0; first < i1 && st == KVS_OK; first += PIECE) {
             const int m = i1 - first < PIECE ? i1 - first : PIECE;
-            kvs_status st = reserve_run(s, (size_t)m * s->rec, err);
-            if (st != KVS_OK)
-                return st;
+            if ((st = reserve_run(s, (size_t)m * s->rec, err)) != KVS_OK)
+                break;
             pack_records(s, p->store, layer, h, first, first + m);
-            if ((st = pq_tier_write_locked(s, layer, h, L->n_mid + (first - i0), m, s->run,
-                                           err)) != KVS_OK)
-                return st;
+            st = pq_tier_write_locked(s, layer, h, L->n_mid + (first - i0), m, s->run, err);
         }
-        int *keep = malloc(sizeof(int) * (size_t)(count - n + 1));
-        if (!keep)
-            return kvs_fail(err, KVS_ERR_NOMEM, "pqcache: out of memory");
+        if (st != KVS_OK)
+            break;
         for (int i = 0, j = 0; i < count; i++)
             if (i < i0 || i >= i1)
                 keep[j++] = i;
         kvs_store_keep(p->store, layer, h, keep, count - n);
-        free(keep);
     }
-    if (moved > 0)
+    free(keep);
+    if (st == KVS_OK && moved > 0)
         L->n_mid += moved;
-    return KVS_OK;
+    return st;
 }
 
 /* The prompt's last batch of a layer: its keys are final, so the layer's clustering starts on
