@@ -267,12 +267,12 @@ static void test_scores(void)
         rand_f(q, G * d, 1.0);
         rand_f(k, n * d, 2.0);
         kvs_mp_cluster_bounds(k, n, d, s, mn, mx);
-        kvs_mp_cluster_scores(KVS_MP_SIM_LINEAR, q, G, d, NULL, n, s, mn, mx, 0.6, lin);
-        kvs_mp_cluster_scores(KVS_MP_SIM_LINEAR, q, G, d, NULL, n, s, mn, mx, 1.0, a1);
-        kvs_mp_cluster_scores(KVS_MP_SIM_LINEAR, q, G, d, NULL, n, s, mn, mx, 0.0, a0);
-        kvs_mp_cluster_scores(KVS_MP_SIM_MEAN, q, G, d, k, n, s, NULL, NULL, 0.6, mean);
-        kvs_mp_cluster_scores(KVS_MP_SIM_MAXDOT, q, G, d, k, n, s, NULL, NULL, 0.6, md);
-        kvs_mp_cluster_scores(KVS_MP_SIM_UB, q, G, d, NULL, n, s, mn, mx, 0.6, ub);
+        kvs_mp_cluster_scores(KVS_MP_SIM_LINEAR, q, G, d, NULL, n, s, mn, mx, 0.6, lin, NULL);
+        kvs_mp_cluster_scores(KVS_MP_SIM_LINEAR, q, G, d, NULL, n, s, mn, mx, 1.0, a1, NULL);
+        kvs_mp_cluster_scores(KVS_MP_SIM_LINEAR, q, G, d, NULL, n, s, mn, mx, 0.0, a0, NULL);
+        kvs_mp_cluster_scores(KVS_MP_SIM_MEAN, q, G, d, k, n, s, NULL, NULL, 0.6, mean, NULL);
+        kvs_mp_cluster_scores(KVS_MP_SIM_MAXDOT, q, G, d, k, n, s, NULL, NULL, 0.6, md, NULL);
+        kvs_mp_cluster_scores(KVS_MP_SIM_UB, q, G, d, NULL, n, s, mn, mx, 0.6, ub, NULL);
         double e_lin = 0, e_a1 = 0, e_a0 = 0, e_mean = 0, e_md = 0, e_ub = 0;
         int chain = 1;
         for (int c = 0; c < C; c++) {

@@ -52,15 +52,16 @@ static int int_cmp(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-kvs_status kvs_mp_topk_asc(const double *score, int n, int k, int *idx, kvs_error *err)
+size_t kvs_mp_topk_scratch(int n)
 {
-    if (n < 0 || k < 0 || k > n || (n > 0 && !score) || (k > 0 && !idx))
-        return kvs_fail(err, KVS_ERR_ARG, "mpcache top-k: bad arguments (n %d, k %d)", n, k);
-    if (k == 0)
-        return KVS_OK;
-    mp_rank *r = malloc((size_t)n * sizeof *r);
-    if (!r)
-        return kvs_fail(err, KVS_ERR_NOMEM, "mpcache top-k: out of memory for %d scores", n);
+    return (n > 0 ? (size_t)n : 1) * sizeof(mp_rank);
+}
+
+void kvs_mp_topk_with(const double *score, int n, int k, int *idx, void *scratch)
+{
+    if (k <= 0)
+        return;
+    mp_rank *r = scratch;
     for (int j = 0; j < n; j++) {
         r[j].s = score[j];
         r[j].i = j;
@@ -68,8 +69,20 @@ kvs_status kvs_mp_topk_asc(const double *score, int n, int k, int *idx, kvs_erro
     qsort(r, (size_t)n, sizeof *r, rank_cmp);
     for (int j = 0; j < k; j++)
         idx[j] = r[j].i;
-    free(r);
     qsort(idx, (size_t)k, sizeof *idx, int_cmp);
+}
+
+kvs_status kvs_mp_topk_asc(const double *score, int n, int k, int *idx, kvs_error *err)
+{
+    if (n < 0 || k < 0 || k > n || (n > 0 && !score) || (k > 0 && !idx))
+        return kvs_fail(err, KVS_ERR_ARG, "mpcache top-k: bad arguments (n %d, k %d)", n, k);
+    if (k == 0)
+        return KVS_OK;
+    void *r = malloc(kvs_mp_topk_scratch(n));
+    if (!r)
+        return kvs_fail(err, KVS_ERR_NOMEM, "mpcache top-k: out of memory for %d scores", n);
+    kvs_mp_topk_with(score, n, k, idx, r);
+    free(r);
     return KVS_OK;
 }
 
@@ -180,57 +193,73 @@ void kvs_mp_coarse_bounds(const float *rmin2, const float *rmax2, int C2, int d,
     }
 }
 
-/* Channel i of the summed query qs (GQA_SUM). */
-static double qsum(const float *q, int G, int d, int i)
+void kvs_mp_qsum(const float *q, int G, int d, double *qs)
 {
-    double s = 0.0;
-    for (int h = 0; h < G; h++)
-        s += q[(size_t)h * d + i];
-    return s;
+    for (int i = 0; i < d; i++) {
+        double s = 0.0;
+        for (int h = 0; h < G; h++)
+            s += q[(size_t)h * d + i];
+        qs[i] = s;
+    }
 }
 
-void kvs_mp_cluster_scores(kvs_mp_sim mode, const float *q, int G, int d, const float *k, int n,
-                           int s, const float *rmin, const float *rmax, double alpha,
-                           double *out)
+double kvs_mp_score_box(kvs_mp_sim mode, const double *qs, int d, const float *mn,
+                        const float *mx, double alpha)
 {
+    double acc = 0.0;
+    if (mode == KVS_MP_SIM_UB) {
+        for (int i = 0; i < d; i++) {
+            const double a = qs[i] * mn[i], z = qs[i] * mx[i];
+            acc += a > z ? a : z;
+        }
+    } else {
+        for (int i = 0; i < d; i++)
+            acc += qs[i] * (alpha * mx[i] + (1.0 - alpha) * mn[i]);
+    }
+    return acc;
+}
+
+double kvs_mp_score_keys(kvs_mp_sim mode, const double *qs, int d, const float *k, int rows)
+{
+    if (mode == KVS_MP_SIM_MEAN) {
+        double acc = 0.0;
+        for (int i = 0; i < d; i++) {
+            double m = 0.0;
+            for (int j = 0; j < rows; j++)
+                m += k[(size_t)j * d + i];
+            acc += qs[i] * (m / rows);
+        }
+        return acc;
+    }
+    double best = -INFINITY;
+    for (int j = 0; j < rows; j++) {
+        double t = 0.0;
+        for (int i = 0; i < d; i++)
+            t += qs[i] * k[(size_t)j * d + i];
+        if (t > best)
+            best = t;
+    }
+    return best;
+}
+
+kvs_status kvs_mp_cluster_scores(kvs_mp_sim mode, const float *q, int G, int d, const float *k,
+                                 int n, int s, const float *rmin, const float *rmax,
+                                 double alpha, double *out, kvs_error *err)
+{
+    double *qs = malloc((size_t)d * sizeof *qs);
+    if (!qs)
+        return kvs_fail(err, KVS_ERR_NOMEM, "mpcache cluster scores: out of memory");
+    kvs_mp_qsum(q, G, d, qs);
     const int C = kvs_mp_n_clusters(n, s);
     for (int c = 0; c < C; c++) {
         const int b = c * s, e = b + s < n ? b + s : n;
-        const float *mn = rmin ? rmin + (size_t)c * d : NULL;
-        const float *mx = rmax ? rmax + (size_t)c * d : NULL;
-        double acc = 0.0;
-        switch (mode) {
-        case KVS_MP_SIM_LINEAR:
-            for (int i = 0; i < d; i++)
-                acc += qsum(q, G, d, i) * (alpha * mx[i] + (1.0 - alpha) * mn[i]);
-            break;
-        case KVS_MP_SIM_UB:
-            for (int i = 0; i < d; i++) {
-                const double qi = qsum(q, G, d, i), a = qi * mn[i], z = qi * mx[i];
-                acc += a > z ? a : z;
-            }
-            break;
-        case KVS_MP_SIM_MEAN:
-            for (int i = 0; i < d; i++) {
-                double m = 0.0;
-                for (int j = b; j < e; j++)
-                    m += k[(size_t)j * d + i];
-                acc += qsum(q, G, d, i) * (m / (e - b));
-            }
-            break;
-        case KVS_MP_SIM_MAXDOT:
-            acc = -INFINITY;
-            for (int j = b; j < e; j++) {
-                double t = 0.0;
-                for (int i = 0; i < d; i++)
-                    t += qsum(q, G, d, i) * k[(size_t)j * d + i];
-                if (t > acc)
-                    acc = t;
-            }
-            break;
-        }
-        out[c] = acc;
+        out[c] = mode == KVS_MP_SIM_LINEAR || mode == KVS_MP_SIM_UB
+                     ? kvs_mp_score_box(mode, qs, d, rmin + (size_t)c * d, rmax + (size_t)c * d,
+                                        alpha)
+                     : kvs_mp_score_keys(mode, qs, d, k + (size_t)b * d, e - b);
     }
+    free(qs);
+    return KVS_OK;
 }
 
 kvs_status kvs_mp_select(const double *sc1, const double *sc2, int n, int s1, int s2,
@@ -319,4 +348,53 @@ void kvs_mp_op_counts(kvs_mp_sim mode, int selector, int C1, int n_cand, int n2,
     ops->topk_len1 = C1;
     ops->topk_len2 = n_cand;
     ops->gather_eq = (int64_t)n2 * n_cand;
+}
+
+kvs_mp_cfg kvs_mp_cfg_default(void)
+{
+    return (kvs_mp_cfg){.keep = 0.25, .window = 0.2, .s1 = 32, .s2 = 16, .rho1 = 0.5,
+                        .alpha = 0.6, .sim = KVS_MP_SIM_LINEAR, .levels = 2, .share = 1,
+                        .skip = 2, .pad = 1, .ends = 0};
+}
+
+int kvs_mp_is_selector(const kvs_mp_cfg *c, int layer)
+{
+    return !c->share || layer < c->skip || (layer - c->skip) % 2 == 0;
+}
+
+int kvs_mp_partner(const kvs_mp_cfg *c, int layer)
+{
+    return kvs_mp_is_selector(c, layer) ? layer : layer - 1;
+}
+
+double kvs_mp_eta(double budget, double keep)
+{
+    const double e = budget / keep;
+    return e > 1.0 ? 1.0 : e;
+}
+
+double kvs_mp_rho1(const kvs_mp_cfg *c, double eta)
+{
+    return c->levels < 2 || eta >= 0.5 ? 1.0 : c->rho1;
+}
+
+void kvs_mp_shape_of(const kvs_mp_cfg *c, double eta, int n_kept, int sealed, kvs_mp_shape *out)
+{
+    const int r = c->s1 / c->s2;
+    const int padded = kvs_mp_n_clusters(n_kept, c->s1) * c->s1 + sealed;
+    kvs_mp_shape s = {0};
+    s.C2 = kvs_mp_n_clusters(n_kept, c->s2) + sealed / c->s2;
+    s.C2x = c->pad ? padded / c->s2 : s.C2;
+    if (c->levels >= 2) {
+        s.C1 = padded / c->s1;
+        s.n1 = kvs_mp_ceil_count(kvs_mp_rho1(c, eta), s.C1);
+        s.n_cand = s.n1 * r < s.C2x ? s.n1 * r : s.C2x;
+    } else {
+        s.n_cand = s.C2x;
+    }
+    s.n2 = kvs_mp_ceil_count(eta, s.C2);
+    if (s.n2 > s.n_cand)
+        s.n2 = s.n_cand;
+    s.n_slots = s.n2 * c->s2;
+    *out = s;
 }

@@ -15,6 +15,55 @@ typedef enum kvs_mp_sim {
     KVS_MP_SIM_UB      /* Eq. 1: sum over channels of max(qs_i rmin_i, qs_i rmax_i) */
 } kvs_mp_sim;
 
+/* One MPCache configuration (§2.5), as the policy's parameters give it. */
+typedef struct kvs_mp_cfg {
+    double keep;   /* static keep ratio of the prompt, (0, 1] */
+    double window; /* observation window, a ratio of the prompt, (0, 1] */
+    int s1, s2;    /* coarse and fine cluster sizes, s2 divides s1 */
+    double rho1;   /* coarse keep fraction while eta < 0.5 (§6 item 9: 1 from eta 0.5 on) */
+    double alpha;  /* SIM_LINEAR's weight of rmax */
+    kvs_mp_sim sim;
+    int levels;    /* 2: coarse then fine (the hierarchy); 1: fine clusters only */
+    int share;     /* cross-layer index sharing in pairs (§2.4) */
+    int skip;      /* with share: the first layers, which select for themselves */
+    int pad;       /* data-independent counts: dummy slots pad the prompt to s1 (§2.3.4) */
+    int ends;      /* also attend the first and the last clustered cluster (the authors' code) */
+} kvs_mp_cfg;
+
+/* The spec's defaults: keep 0.25, window 0.2, s1 32, s2 16, rho1 0.5, alpha 0.6, LINEAR,
+ * 2 levels, sharing on with skip 2, padding on, ends off. */
+kvs_mp_cfg kvs_mp_cfg_default(void);
+
+/* Cross-layer sharing (§2.4, §6 item 7): whether layer selects for itself, and otherwise the
+ * layer whose indices (and static keep set) it reuses. Without sharing, and below skip, every
+ * layer selects; from skip on, layers pair up: skip, skip+2, ... select and the layer after each
+ * reuses it. */
+int kvs_mp_is_selector(const kvs_mp_cfg *c, int layer);
+int kvs_mp_partner(const kvs_mp_cfg *c, int layer);
+
+/* The dynamic ratio eta for an attended fraction `budget` of the prompt: budget = keep x eta
+ * (§2.3.5), so eta = budget / keep, at most 1. */
+double kvs_mp_eta(double budget, double keep);
+/* rho1 in use: c->rho1 while eta < 0.5, else 1 (§6 item 9); 1 with one level. */
+double kvs_mp_rho1(const kvs_mp_cfg *c, double eta);
+
+/* The data-independent shape of one selection step of one KV head (§2.3.4 counts, with the
+ * padding of §2.3.4 when c->pad): the prompt's n_kept statically kept slots are padded to a
+ * multiple of s1, then `sealed` decode tokens follow (a multiple of s1: whole coarse clusters,
+ * §2.3.6), then the tail (always attended, not clustered). */
+typedef struct kvs_mp_shape {
+    int C1;      /* coarse clusters (0 with one level) */
+    int C2;      /* fine clusters holding a real token */
+    int C2x;     /* fine clusters of the padded layout (C2 without padding) */
+    int n1;      /* coarse clusters kept (0 with one level) */
+    int n_cand;  /* fine candidates: n1 s1 / s2 with padding (an upper bound without: short
+                  * clusters can have fewer children), C2x with one level */
+    int n2;      /* fine clusters attended: clamp(ceil(eta C2), 1, n_cand) */
+    int n_slots; /* attended cluster slots with padding, n2 s2 (dummies included) */
+} kvs_mp_shape;
+
+void kvs_mp_shape_of(const kvs_mp_cfg *c, double eta, int n_kept, int sealed, kvs_mp_shape *out);
+
 /* ceil(ratio * n - 1e-9) clamped to [1, n] (n >= 1; n <= 0 gives 0): the window w (ratio 0.2),
  * the static keep count (keep_ratio), n1 (rho1 of C1). The 1e-9 absorbs ratios such as 0.7 that
  * are not exact in binary (0.7 * 10 would otherwise round up to 8). */
@@ -29,6 +78,10 @@ double kvs_mp_default_rho1(double eta);
 /* The indices of the k largest of score[0..n), ties to the lower index, NaN below every number,
  * written ascending into idx (room for k). 0 <= k <= n. KVS_ERR_ARG / KVS_ERR_NOMEM. */
 kvs_status kvs_mp_topk_asc(const double *score, int n, int k, int *idx, kvs_error *err);
+
+/* The same without allocating: scratch holds kvs_mp_topk_scratch(n) bytes; 0 <= k <= n. */
+size_t kvs_mp_topk_scratch(int n);
+void kvs_mp_topk_with(const double *score, int n, int k, int *idx, void *scratch);
 
 /* Static-step scores for one KV head (§2.2 steps 2-3, §6 items 3, 6): q holds the G query
  * heads' post-RoPE queries of the last w prompt positions, q[(h * w + r) * d + i] for position
@@ -58,13 +111,23 @@ void kvs_mp_cluster_bounds(const float *k, int n, int d, int s, float *rmin, flo
 void kvs_mp_coarse_bounds(const float *rmin2, const float *rmax2, int C2, int d, int r,
                           float *rmin1, float *rmax1);
 
+/* qs[i] = the sum over the G query heads q[h * d + i] of one KV head, in double (GQA_SUM). */
+void kvs_mp_qsum(const float *q, int G, int d, double *qs);
+
+/* One cluster's score from its box (LINEAR: qs . (alpha mx + (1 - alpha) mn); UB: sum over
+ * channels of max(qs_i mn_i, qs_i mx_i)), or from its rows of keys (MEAN: qs . the mean key;
+ * MAXDOT: the largest qs . k), in double, channels in order (§2.3.3). */
+double kvs_mp_score_box(kvs_mp_sim mode, const double *qs, int d, const float *mn,
+                        const float *mx, double alpha);
+double kvs_mp_score_keys(kvs_mp_sim mode, const double *qs, int d, const float *k, int rows);
+
 /* Scores of the C = ceil(n / s) clusters of s adjacent rows of k (n rows of d floats) for the
- * G query heads q[h * d + i] of one KV head, in double (§2.3.3): qs = sum of the heads, then the
- * mode's score. rmin / rmax: the clusters' boxes (LINEAR, UB; may be NULL otherwise); k: the keys
- * (MEAN, MAXDOT; may be NULL otherwise). alpha: LINEAR's weight. out: C doubles. */
-void kvs_mp_cluster_scores(kvs_mp_sim mode, const float *q, int G, int d, const float *k, int n,
-                           int s, const float *rmin, const float *rmax, double alpha,
-                           double *out);
+ * G query heads q[h * d + i] of one KV head: qs = kvs_mp_qsum, then the mode's score.
+ * rmin / rmax: the clusters' boxes (LINEAR, UB; may be NULL otherwise); k: the keys (MEAN,
+ * MAXDOT; may be NULL otherwise). alpha: LINEAR's weight. out: C doubles. KVS_ERR_NOMEM. */
+kvs_status kvs_mp_cluster_scores(kvs_mp_sim mode, const float *q, int G, int d, const float *k,
+                                 int n, int s, const float *rmin, const float *rmax,
+                                 double alpha, double *out, kvs_error *err);
 
 /* Hierarchical selection (§2.3.4, §2.5) over n kept slots with fine clusters of s2 and coarse
  * clusters of s1 (s2 divides s1; C1 = ceil(n / s1), C2 = ceil(n / s2)): n1 = ceil(rho1 C1)

@@ -19,11 +19,12 @@ extern const kvs_policy_type kvs_policy_hashevict;
 extern const kvs_policy_type kvs_policy_l2evict;
 extern const kvs_policy_type kvs_policy_minicache;
 extern const kvs_policy_type kvs_policy_pqcache;
+extern const kvs_policy_type kvs_policy_mpcache;
 
 #define KVS_POLICY_REGISTRY                                                                  \
     &kvs_policy_full, &kvs_policy_streaming, &kvs_policy_h2o, &kvs_policy_tova,              \
         &kvs_policy_snapkv.type, &kvs_policy_knorm.type, &kvs_policy_random.type,            \
         &kvs_policy_quest, &kvs_policy_nacl, &kvs_policy_hashevict, &kvs_policy_l2evict,     \
-        &kvs_policy_minicache, &kvs_policy_pqcache
+        &kvs_policy_minicache, &kvs_policy_pqcache, &kvs_policy_mpcache
 
 #endif
