@@ -398,3 +398,33 @@ void kvs_mp_shape_of(const kvs_mp_cfg *c, double eta, int n_kept, int sealed, kv
     s.n_slots = s.n2 * c->s2;
     *out = s;
 }
+
+static int has(const int *set, int k, int x)
+{
+    int lo = 0, hi = k - 1;
+    while (lo <= hi) {
+        const int mid = lo + (hi - lo) / 2;
+        if (set[mid] == x)
+            return 1;
+        if (set[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return 0;
+}
+
+double kvs_mp_commonality(const int *const *sets, int L, int k, int m)
+{
+    if (!sets || k < 1 || m < 1 || L <= m)
+        return NAN;
+    double total = 0.0;
+    for (int l = 0; l + m < L; l++)
+        for (int a = 0; a < k; a++) {
+            int in_all = 1;
+            for (int i = l + 1; i <= l + m && in_all; i++)
+                in_all = has(sets[i], k, sets[l][a]);
+            total += in_all;
+        }
+    return total / ((double)k * (L - m));
+}

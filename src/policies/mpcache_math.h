@@ -165,4 +165,10 @@ typedef struct kvs_mp_ops {
 void kvs_mp_op_counts(kvs_mp_sim mode, int selector, int C1, int n_cand, int n2, int n_slots,
                       int tail, int d, int s1, int s2, kvs_mp_ops *ops);
 
+/* The commonality score of §2.4 as printed: CS(m) = 1 / (k (L - m)) x the sum over layers
+ * l < L - m of |the intersection of sets[l..l+m]|, the m + 1 layers' top-k sets (k distinct
+ * indices each, ascending). m = 1 compares pairs of adjacent layers. In [0, 1]; 1 when every
+ * layer has the same set. NaN unless 1 <= m < L and k >= 1. */
+double kvs_mp_commonality(const int *const *sets, int L, int k, int m);
+
 #endif
