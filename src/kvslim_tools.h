@@ -15,7 +15,8 @@
  *   eval/eval.h          the fidelity harness (eval)
  *   eval/layer_similarity.h  adjacent-layer K/V similarity (layersim)
  *   eval/plan.h          eval's runs: specs x budgets, labels, equal-memory runs
- *   eval/recall.h        eval --task recall: answer files, one prompt's run */
+ *   eval/recall.h        eval --task recall: answer files, one prompt's run
+ *   eval/opcount.h       eval --task opcount: the MPC op-count model */
 #ifndef KVSLIM_TOOLS_H
 #define KVSLIM_TOOLS_H
 
@@ -28,6 +29,7 @@
 #include "engine/session_internal.h"
 #include "eval/eval.h"
 #include "eval/layer_similarity.h"
+#include "eval/opcount.h"
 #include "eval/plan.h"
 #include "eval/recall.h"
 #include "kv/kv.h"

@@ -19,6 +19,7 @@ int cmd_convert(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_layersim(int argc, char **argv);
+int cmd_eval_opcount(int argc, char **argv); /* eval --task opcount */
 
 /* Prints "kvslim CMD: message" to stderr. */
 void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -59,6 +60,9 @@ int cli_copy_to_output(const char *cmd, const kvs_outfile_spec *out, const char 
 /* kvs_outfile_spec.on_temp for the CLI: records tmp_path for removal on a signal (installing
  * the handlers on first use) or forgets it. Also for temporary files the CLI makes itself. */
 void cli_temp_track(void *ctx, const char *tmp_path, int exists);
+/* -m: a GGUF file, or a llama2.c checkpoint converted (with its --tokenizer tok) to a temporary
+ * GGUF that is removed as soon as it is mapped. CLI_OK, or the exit code after the message. */
+int cli_load_model(const char *cmd, const char *path, const char *tok, kvs_model **out);
 /* ---- end of file I/O ---- */
 
 /* The exit code for a library status: bad usage (KVS_ERR_ARG: a budget, a policy parameter,

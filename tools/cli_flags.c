@@ -36,7 +36,7 @@ typedef struct flag_def {
 } flag_def;
 
 #define ALL (CMD_RUN | CMD_LOGITS | CMD_TOKENIZE | CMD_CONVERT | CMD_BENCH | CMD_EVAL | CMD_LAYERSIM | \
-             CMD_EVAL_RECALL)
+             CMD_EVAL_RECALL | CMD_EVAL_OPCOUNT)
 #define SESSION (CMD_RUN | CMD_LOGITS | CMD_BENCH | CMD_EVAL | CMD_LAYERSIM)
 
 /* A word ending in "..." accepts any value with the part before it as prefix (the value's
@@ -49,7 +49,7 @@ static int word_prefix_match(const char *word, const char *v)
 
 static const char *const kv_types[] = {"f32", "f16", "kivi4", "kivi2", "kivi:...", NULL};
 static const char *const weight_types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", NULL};
-static const char *const eval_tasks[] = {"fidelity", "recall", NULL};
+static const char *const eval_tasks[] = {"fidelity", "recall", "opcount", NULL};
 
 /* Rows appear in each command's --help in this order. */
 static const flag_def flags[] = {
@@ -169,9 +169,11 @@ static const flag_def flags[] = {
      "write the results as JSON (fields: model, threads, n_prompt,\n"
      "n_gen, prefill_tok_s, decode_tok_s, kv_bytes, peak_rss_bytes)"},
     /* eval --task recall (its own command bit: a separate set of flags and its own --help) */
-    {FL_TASK, NULL, "--task", K_WORD, "TASK", CMD_EVAL | CMD_EVAL_RECALL, 0, 0, 0, eval_tasks,
-     "fidelity (default) or recall: retrieval accuracy on the recall\n"
-     "model's prompts (see kvslim eval --task recall --help)"},
+    {FL_TASK, NULL, "--task", K_WORD, "TASK", CMD_EVAL | CMD_EVAL_RECALL | CMD_EVAL_OPCOUNT, 0, 0,
+     0, eval_tasks,
+     "fidelity (default), recall: retrieval accuracy on the recall\n"
+     "model's prompts (see kvslim eval --task recall --help), or opcount:\n"
+     "the MPC op-count model (see kvslim eval --task opcount --help)"},
     {FL_MODEL, "-m", "--model", K_STRING, "MODEL", CMD_EVAL_RECALL, 0, 0, 0, NULL,
      "GGUF model, or a llama2.c checkpoint with --tokenizer"},
     {FL_TOKENIZER, NULL, "--tokenizer", K_STRING, "TOK.bin", CMD_EVAL_RECALL, 0, 0, 0, NULL,
@@ -205,6 +207,26 @@ static const flag_def flags[] = {
      "accuracy heat maps (needle depth x prompt set), one per policy,\n"
      "budget and KV type, and accuracy against the share of the context\n"
      "attended, one line per policy (needs gnuplot)"},
+    /* eval --task opcount (its own command bit, like recall) */
+    {FL_MODEL, "-m", "--model", K_STRING, "MODEL", CMD_EVAL_OPCOUNT, 0, 0, 0, NULL,
+     "take the shape from this GGUF model, or llama2.c checkpoint with\n"
+     "--tokenizer (only its layers, heads, KV heads and head_dim)"},
+    {FL_TOKENIZER, NULL, "--tokenizer", K_STRING, "TOK.bin", CMD_EVAL_OPCOUNT, 0, 0, 0, NULL,
+     "the llama2.c checkpoint's tokenizer (needed to read it)"},
+    {FL_SHAPE, NULL, "--shape", K_STRING, "SHAPE", CMD_EVAL_OPCOUNT, 0, 0, 0, NULL,
+     "instead of -m: layers=L,heads=H,kv_heads=K,head_dim=D (all four;\n"
+     "K divides H)"},
+    {FL_CTX, NULL, "--ctx", K_LIST, "T1,T2,...", CMD_EVAL_OPCOUNT, 0, 0, 0, NULL,
+     "context lengths T (prompt tokens in the cache), 1 to 1048576"},
+    {FL_BUDGET, NULL, "--budget", K_LIST, "F1,F2,...", CMD_EVAL_OPCOUNT, 0, 0, 0, NULL,
+     "shares of the context attended, 0.05 or 5% (default: the --kv\n"
+     "spec's budget=, else 0.05)"},
+    {FL_KV, NULL, "--kv", K_STRING, "mpcache:...", CMD_EVAL_OPCOUNT, 0, 0, 0, NULL,
+     "MPCache's configuration for the mp: rows (keep, s1, s2, rho1, sim,\n"
+     "levels, share, skip, pad; see --kv help); default its defaults"},
+    {FL_JSON, NULL, "--json", K_STRING, "OUT", CMD_EVAL_OPCOUNT, 0, 0, 0, NULL,
+     "every field: shape, configuration, table2 and one object per\n"
+     "context, budget and method (rows)"},
     {FL_VERSION, NULL, "--version", K_NONE, NULL, ALL, 0, 0, 0, NULL, "print the version"},
     {FL_HELP, "-h", "--help", K_NONE, NULL, ALL, 0, 0, 0, NULL, "this help"},
 };

@@ -20,6 +20,7 @@ enum {
     CMD_EVAL = 1 << 5,
     CMD_LAYERSIM = 1 << 6,
     CMD_EVAL_RECALL = 1 << 7, /* eval --task recall (tools/cmd_eval_recall.c) */
+    CMD_EVAL_OPCOUNT = 1 << 8, /* eval --task opcount (tools/cmd_eval_opcount.c) */
 };
 
 /* What a flag means; a command reads its values by these. Two table rows may share an id when
@@ -62,6 +63,7 @@ typedef enum cli_flag_id {
     FL_TASK,
     FL_PROMPTS,
     FL_LIMIT,
+    FL_SHAPE,
     FL_COUNT
 } cli_flag_id;
 

@@ -358,3 +358,40 @@ int cli_read_tokens(const char *cmd, const char *path, int32_t **ids, int *n)
     *n = count;
     return 0;
 }
+
+int cli_load_model(const char *cmd, const char *path, const char *tok, kvs_model **out)
+{
+    kvs_error err = {0};
+    kvs_status st;
+    *out = NULL;
+    if (!kvs_llama2c_sniff(path)) {
+        if (tok) {
+            cli_error(cmd, "--tokenizer only applies to a llama2.c checkpoint; -m %s is not one "
+                           "(a GGUF file carries its vocabulary)", path);
+            return CLI_USAGE;
+        }
+        st = kvs_model_load(path, out, &err);
+    } else if (!tok) {
+        cli_error(cmd, "-m %s is a llama2.c checkpoint: give its tokenizer with --tokenizer "
+                       "TOK.bin", path);
+        return CLI_USAGE;
+    } else {
+        const char *dir = getenv("TMPDIR");
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s/kvslim-%s-%d.gguf", dir && *dir ? dir : "/tmp", cmd,
+                 (int)getpid());
+        kvs_outfile_spec o = cli_output(NULL, tmp, NULL, 0);
+        st = kvs_llama2c_convert_to(path, tok, KVS_F32, &o, NULL, &err);
+        if (st == KVS_OK) {
+            cli_temp_track(NULL, tmp, 1);
+            st = kvs_model_load(tmp, out, &err);
+            unlink(tmp); /* the mapping stays valid */
+            cli_temp_track(NULL, tmp, 0);
+        }
+    }
+    if (st != KVS_OK) {
+        cli_error(cmd, "%s", err.msg);
+        return cli_status_exit(st);
+    }
+    return CLI_OK;
+}

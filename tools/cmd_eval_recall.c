@@ -514,48 +514,6 @@ static int make_plan(const char *cmd, const cli_args *a, recall_state *e)
     return CLI_OK;
 }
 
-/* -m: a GGUF file, or a llama2.c checkpoint converted (with --tokenizer) to a temporary GGUF
- * that is removed as soon as it is mapped. */
-static int load_model(const char *cmd, recall_state *e)
-{
-    kvs_error err = {0};
-    kvs_status st;
-    if (!kvs_llama2c_sniff(e->model_path)) {
-        if (e->tok_path) {
-            cli_error(cmd, "--tokenizer only applies to a llama2.c checkpoint; -m %s is not one "
-                           "(a GGUF file carries its vocabulary)", e->model_path);
-            return CLI_USAGE;
-        }
-        if ((st = kvs_model_load(e->model_path, &e->m, &err)) != KVS_OK) {
-            cli_error(cmd, "%s", err.msg);
-            return cli_status_exit(st);
-        }
-        return CLI_OK;
-    }
-    if (!e->tok_path) {
-        cli_error(cmd, "-m %s is a llama2.c checkpoint: give its tokenizer with --tokenizer "
-                       "TOK.bin", e->model_path);
-        return CLI_USAGE;
-    }
-    const char *dir = getenv("TMPDIR");
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s/kvslim-recall-%d.gguf", dir && *dir ? dir : "/tmp",
-             (int)getpid());
-    kvs_outfile_spec out = cli_output(NULL, tmp, NULL, 0);
-    st = kvs_llama2c_convert_to(e->model_path, e->tok_path, KVS_F32, &out, NULL, &err);
-    if (st == KVS_OK) {
-        cli_temp_track(NULL, tmp, 1);
-        st = kvs_model_load(tmp, &e->m, &err);
-        unlink(tmp); /* the mapping stays valid */
-        cli_temp_track(NULL, tmp, 0);
-    }
-    if (st != KVS_OK) {
-        cli_error(cmd, "%s", err.msg);
-        return cli_status_exit(st);
-    }
-    return CLI_OK;
-}
-
 /* A policy whose dense layers (dense_layers=, Quest's) cover every layer compresses nothing. */
 static void warn_dense(const char *cmd, const recall_state *e)
 {
@@ -788,7 +746,7 @@ static int recall(const cli_args *a)
         rc = CLI_FAIL;
     }
     if (rc == CLI_OK)
-        rc = load_model(cmd, &e);
+        rc = cli_load_model(cmd, e.model_path, e.tok_path, &e.m);
     int32_t q_id = -1;
     if (rc == CLI_OK && (q_id = find_question(e.m)) < 0) {
         cli_error(cmd, "-m %s: the vocabulary has no question token 'Q' (the recall model's "
@@ -839,6 +797,9 @@ int cmd_eval_task(int argc, char **argv)
         if (!strcmp(argv[i], "--task=recall") ||
             (!strcmp(argv[i], "--task") && i + 1 < argc && !strcmp(argv[i + 1], "recall")))
             return cli_main(&recall_cmd, recall, argc, argv);
+        if (!strcmp(argv[i], "--task=opcount") ||
+            (!strcmp(argv[i], "--task") && i + 1 < argc && !strcmp(argv[i + 1], "opcount")))
+            return cmd_eval_opcount(argc, argv);
     }
     return -1;
 }
