@@ -352,13 +352,15 @@ static void test_equal_memory(void)
         result("snapkv:budget=0.1", KVS_KIND_ONE_SHOT, 102.5),  /* half up: 103 */
         result("knorm:budget=0.1", KVS_KIND_ONE_SHOT, 103.49),  /* 103 too: merged */
         result("random:budget=0.1", KVS_KIND_ONE_SHOT, 102.49), /* 102 */
-        result("quest:budget=0.1", KVS_KIND_SELECTION, 203.7),  /* not one-shot: nothing */
+        result("quest:budget=0.1", KVS_KIND_SELECTION, 203.7),  /* attended: 204 */
         result("full", KVS_KIND_FULL, 448.5),
     };
     kvs_eval_jobs eq = {0};
     for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++)
         CHECKF(kvs_eval_plan_equal_memory(&p, &rows[k], &eq, &err) == KVS_OK, "%s", err.msg);
-    CHECK(eq.n == 4);
+    CHECK(eq.n == 6);
+    check_eq(&eq, 4, "streaming:slots=204,sinks=2", "eq:204", "quest:budget=0.1");
+    check_eq(&eq, 5, "h2o:slots=204", "eq:204", "quest:budget=0.1");
     check_eq(&eq, 0, "streaming:slots=103,sinks=2", "eq:103",
              "snapkv:budget=0.1 knorm:budget=0.1");
     check_eq(&eq, 1, "h2o:slots=103", "eq:103", "snapkv:budget=0.1 knorm:budget=0.1");
@@ -367,10 +369,10 @@ static void test_equal_memory(void)
     kvs_eval_jobs_free(&eq);
     CHECK(eq.n == 0 && eq.v == NULL);
 
-    /* Only non-one-shot rows: no equal-memory runs. */
+    /* Evicting and full rows: no equal-memory runs. */
     for (int k = 0; k < 2; k++)
         CHECK(kvs_eval_plan_equal_memory(&p, &rows[k], &eq, &err) == KVS_OK);
-    CHECK(kvs_eval_plan_equal_memory(&p, &rows[5], &eq, &err) == KVS_OK);
+    CHECK(kvs_eval_plan_equal_memory(&p, &rows[6], &eq, &err) == KVS_OK);
     CHECK(eq.n == 0);
 
     /* Rounding: exactly .5 goes up, just below stays down. */

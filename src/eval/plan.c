@@ -398,7 +398,10 @@ kvs_status kvs_eval_plan_equal_memory(const kvs_eval_plan *plan, const kvs_eval_
 {
     if (!plan || !run || !eq)
         return kvs_fail(err, KVS_ERR_ARG, "kvs_eval_plan_equal_memory: NULL argument");
-    if (run->kind != KVS_KIND_ONE_SHOT)
+    /* Runs that attend fewer slots than they hold (a selection or offloading policy attends a
+     * budget of everything it keeps) are matched on what they attend, as one-shot runs are. */
+    if (run->kind != KVS_KIND_ONE_SHOT && run->kind != KVS_KIND_SELECTION &&
+        run->kind != KVS_KIND_OFFLOADING)
         return KVS_OK;
     int slots = (int)floor(run->slots_attended_mean + 0.5);
     char item[32], label[48];

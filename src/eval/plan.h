@@ -59,7 +59,8 @@ int kvs_eval_plan_group_size(const kvs_eval_plan *plan);
 const kvs_eval_job *kvs_eval_plan_job(const kvs_eval_plan *plan, int group, int i);
 
 /* --equal-memory, called for each result of a budget group in order, appending to eq (the
- * group's equal-memory jobs, empty at the group's start): a one-shot run adds each evicting
+ * group's equal-memory jobs, empty at the group's start): a one-shot, selection or offloading
+ * run (equal attended slots: what a selection policy attends, not what it holds) adds each evicting
  * policy at slots = its mean slots attended rounded half up (label "eq:N"); where eq already
  * holds that run (an earlier one-shot run of the group at the same count), the run's params are
  * added to the job's equal_memory_of instead. Other kinds of run add nothing. The budget is a
