@@ -215,7 +215,9 @@ static kvs_status prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kv
 
 /* ---- scratch and boxes ---- */
 
-/* Scratch for up to n clusters and key rows for up to rows slots. */
+/* Scratch for up to n clusters (the dynamic step's scores, candidates and ranking; n covers
+ * every fine cluster of the padded layout, so also the coarse ones) and key rows for up to
+ * rows slots. */
 static kvs_status reserve(kvs_policy *p, int n, int rows, kvs_error *err)
 {
     mp_state *s = p->state;
@@ -367,7 +369,9 @@ static kvs_status prefill_end(kvs_policy *p, int layer, kvs_error *err)
         h->n_kept = n_keep;
         h->sealed = 0;
         h->ready = 1;
-        if ((st = reserve_head(p, h, padded_prompt(s, h) / s->cfg.s2, err)) != KVS_OK)
+        const int n_fine = padded_prompt(s, h) / s->cfg.s2;
+        if ((st = reserve_head(p, h, n_fine, err)) != KVS_OK ||
+            (st = reserve(p, n_fine, 0, err)) != KVS_OK)
             break;
         if (!selector || n_keep == 0)
             continue;
@@ -408,7 +412,7 @@ static kvs_status before_append(kvs_policy *p, int layer, const float *q, const 
         while (st == KVS_OK && n - (h->n_kept + h->sealed) >= s1) {
             const int f0 = (padded_prompt(s, h) + h->sealed) / s2;
             if ((st = reserve_head(p, h, f0 + r, err)) != KVS_OK ||
-                (st = reserve(p, 0, s1, err)) != KVS_OK)
+                (st = reserve(p, f0 + r, s1, err)) != KVS_OK)
                 break;
             if (kvs_mp_is_selector(&s->cfg, layer)) {
                 for (int j = 0; j < s1; j++)
