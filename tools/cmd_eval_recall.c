@@ -33,7 +33,10 @@ static const cli_command recall_cmd = {
     "argmax is right; margin = mean of the answer's logit minus the best other logit\n"
     "(negative when wrong; 24.00 with the full cache); attended share = slots attended per\n"
     "decode step over the tokens seen so far (mean over steps, layers and query heads);\n"
-    "slots attended = its numerator; KV bytes = mean over decode steps. A llama2.c\n"
+    "slots attended = its numerator; needle kept = the share of the last layer's KV heads\n"
+    "still holding the needle (the answer's value token: the answer position minus the\n"
+    "manifest's distance) right after the context, mean over prompts ('-' without a\n"
+    "manifest; JSON: per layer); KV bytes = mean over decode steps. A llama2.c\n"
     "checkpoint is converted to a temporary GGUF (F32) with its --tokenizer.\n"
     "\n"
     "--plot draws, in one PNG made at the end: per policy, budget and KV type, a heat map of\n"
@@ -253,6 +256,9 @@ typedef struct config_row {
         context_mean, seconds;
     int n_layer_shares;
     double layer_share[KVS_RECALL_MAX_LAYERS]; /* attended share per layer, mean over prompts */
+    /* needle kept per layer (kvs_recall_result), mean over the prompts that know it; -1 if none */
+    double needle_kept[KVS_RECALL_MAX_LAYERS];
+    int n_needle; /* prompts with a manifest distance */
 } config_row;
 
 typedef struct prompt_row {
@@ -333,6 +339,16 @@ static char *to_json(const results *rs, size_t *len)
             cli_json_num(f, c->layer_share[l]);
         }
         fputs("]", f);
+        fputs(", \"needle_kept_layers\": [", f);
+        for (int l = 0; l < c->n_layer_shares; l++) {
+            if (l)
+                fputs(", ", f);
+            if (c->n_needle)
+                cli_json_num(f, c->needle_kept[l]);
+            else
+                fputs("null", f);
+        }
+        fputs("]", f);
         fputs(", \"slots_attended_mean\": ", f);
         cli_json_num(f, c->slots_attended);
         fputs(", \"slots_kept_mean\": ", f);
@@ -376,7 +392,7 @@ static char *to_csv(const results *rs, const kvs_model *m, size_t *len)
     fputs("policy,params,budget_label,kv_type,prompts,prompt,context,n_tokens,depth,distance,"
           "n_answers,"
           "n_correct,margin_mean,margin_min,expected,predicted,attended_share,"
-          "slots_attended_mean,slots_kept,kv_bytes_mean,seconds\n", f);
+          "slots_attended_mean,slots_kept,needle_kept_last_layer,kv_bytes_mean,seconds\n", f);
     for (int i = 0; i < rs->np; i++) {
         const prompt_row *p = &rs->p[i];
         const config_row *c = &rs->c[p->config];
@@ -403,8 +419,11 @@ static char *to_csv(const results *rs, const kvs_model *m, size_t *len)
         cli_csv_str(f, exp);
         fputc(',', f);
         cli_csv_str(f, got);
-        fprintf(f, ",%.6f,%.4f,%d,%.1f,%.4f\n", p->r.attended_share, p->r.slots_attended,
-                p->r.slots_kept, p->r.kv_bytes_mean, p->r.seconds);
+        fprintf(f, ",%.6f,%.4f,%d,", p->r.attended_share, p->r.slots_attended, p->r.slots_kept);
+        const double nk = p->r.n_layer_shares ? p->r.needle_kept[p->r.n_layer_shares - 1] : -1;
+        if (nk >= 0)
+            fprintf(f, "%.4f", nk);
+        fprintf(f, ",%.1f,%.4f\n", p->r.kv_bytes_mean, p->r.seconds);
     }
     if (fclose(f) != 0) {
         free(buf);
@@ -416,15 +435,17 @@ static char *to_csv(const results *rs, const kvs_model *m, size_t *len)
 static void print_table(FILE *f, const results *rs)
 {
     fputs("| prompts | policy | budget | KV type | prompts run | accuracy | margin mean | "
-          "attended share | mean slots attended | KV bytes mean |\n"
-          "|---|---|---|---|---|---|---|---|---|---|\n", f);
+          "attended share | mean slots attended | needle kept | KV bytes mean |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|\n", f);
     for (int i = 0; i < rs->nc; i++) {
         const config_row *c = &rs->c[i];
-        char name[256], bytes[32];
+        char name[256], bytes[32], kept[32] = "-";
         kvs_eval_policy_label(c->params, name, sizeof name);
-        fprintf(f, "| %s | %s | %s | %s | %d | %.1f%% | %.2f | %.4f | %.1f | %s |\n",
+        if (c->n_needle && c->n_layer_shares)
+            snprintf(kept, sizeof kept, "%.1f%%", 100 * c->needle_kept[c->n_layer_shares - 1]);
+        fprintf(f, "| %s | %s | %s | %s | %d | %.1f%% | %.2f | %.4f | %.1f | %s | %s |\n",
                 c->prompts, name, c->label, c->kv_type, c->n_prompts, 100 * accuracy(c),
-                c->margin_mean, c->attended_share, c->slots_attended,
+                c->margin_mean, c->attended_share, c->slots_attended, kept,
                 cli_bytes(bytes, sizeof bytes, c->kv_bytes_mean));
     }
 }
@@ -667,6 +688,11 @@ static int run_config(const char *cmd, recall_state *e, const prompt_set *set, c
         c.n_layer_shares = r->n_layer_shares;
         for (int l = 0; l < r->n_layer_shares; l++)
             c.layer_share[l] += r->layer_share[l] / set->n;
+        if (r->n_layer_shares && r->needle_kept[0] >= 0) {
+            c.n_needle++;
+            for (int l = 0; l < r->n_layer_shares; l++)
+                c.needle_kept[l] += r->needle_kept[l];
+        }
         c.slots_attended += r->slots_attended / set->n;
         c.slots_kept += (double)r->slots_kept / set->n;
         c.kv_bytes_mean += r->kv_bytes_mean / set->n;
@@ -675,6 +701,8 @@ static int run_config(const char *cmd, recall_state *e, const prompt_set *set, c
         cli_progress(progress, i + 1, set->n);
     }
     c.margin_mean = c.n_answers ? margin_sum / c.n_answers : 0;
+    for (int l = 0; l < c.n_layer_shares && c.n_needle; l++)
+        c.needle_kept[l] /= c.n_needle;
     e->rs.c[e->rs.nc++] = c;
     char more[64] = "";
     if (e->gate.seen > 1)

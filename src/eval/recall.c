@@ -246,6 +246,46 @@ static void score(const kvs_recall_prompt *p, int t, const float *logits, int V,
     }
 }
 
+/* Whether slot positions pos[0..n) (ascending) hold position x. */
+static int holds(const int32_t *pos, int n, int32_t x)
+{
+    int lo = 0, hi = n - 1;
+    while (lo <= hi) {
+        const int mid = lo + (hi - lo) / 2;
+        if (pos[mid] == x)
+            return 1;
+        if (pos[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return 0;
+}
+
+/* r->needle_kept right after the context (kvs_recall_result). */
+static void needle_kept(const kvs_kv *kv, const kvs_recall_prompt *p, int n_kv_heads,
+                        kvs_recall_result *r)
+{
+    const kvs_store *store = kvs_kv_store(kv);
+    const kvs_policy_kind kind = kvs_kv_policy(kv)->type->kind;
+    const int32_t needle = p->n_answers > 0 && p->distance >= 0 ? p->answers[0].pos - p->distance
+                                                                 : -1;
+    for (int l = 0; l < r->n_layer_shares; l++) {
+        int held = 0, empty = 1;
+        for (int h = 0; h < n_kv_heads; h++) {
+            const int n = kvs_store_count(store, l, h);
+            empty &= n == 0;
+            held += holds(kvs_store_pos(store, l, h), n, needle);
+        }
+        if (needle < 0)
+            r->needle_kept[l] = -1;
+        else if (kind == KVS_KIND_OFFLOADING || (kind == KVS_KIND_MERGING && empty))
+            r->needle_kept[l] = 1;
+        else
+            r->needle_kept[l] = (double)held / n_kv_heads;
+    }
+}
+
 kvs_status kvs_recall_run(const kvs_model *m, const kvs_recall_setup *s, const char *spec,
                           const kvs_recall_prompt *p, kvs_recall_result *r, kvs_error *err)
 {
@@ -272,13 +312,14 @@ kvs_status kvs_recall_run(const kvs_model *m, const kvs_recall_setup *s, const c
     kvs_status st = kvs_session_new(m, &sp, &sess, err);
     if (st == KVS_OK)
         st = kvs_session_eval(sess, p->tokens, C, NULL, 0, err);
+    r->n_layer_shares = info.n_layers < KVS_RECALL_MAX_LAYERS ? info.n_layers : KVS_RECALL_MAX_LAYERS;
     if (st == KVS_OK) {
         const kvs_store *store = kvs_kv_store(kvs_session_kv(sess));
         r->slots_kept = (int)(kvs_store_total_slots(store) /
                               ((size_t)info.n_layers * (size_t)info.n_kv_heads));
+        needle_kept(kvs_session_kv(sess), p, info.n_kv_heads, r);
     }
     double attended = 0, share = 0, bytes = 0;
-    r->n_layer_shares = info.n_layers < KVS_RECALL_MAX_LAYERS ? info.n_layers : KVS_RECALL_MAX_LAYERS;
     for (int t = C; t < T && st == KVS_OK; t++) {
         if ((st = kvs_session_eval(sess, p->tokens + t, 1, logits, 0, err)) != KVS_OK)
             break;

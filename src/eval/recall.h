@@ -93,6 +93,11 @@ typedef struct kvs_recall_result {
     double kv_bytes_mean;     /* mean over decode steps */
     size_t kv_bytes_max;
     int slots_kept;           /* live slots per (layer, KV head) right after the context */
+    /* Per layer (n_layer_shares of them): the share of its KV heads that still hold the
+     * needle (the answer's value token, at answers[0].pos - distance) right after the context;
+     * -1 when the prompt has no manifest distance. A policy of the offloading kind holds every
+     * token (its slow tier), as does a merged layer (its pair store). */
+    double needle_kept[KVS_RECALL_MAX_LAYERS];
     double seconds;
 } kvs_recall_result;
 

@@ -83,6 +83,24 @@ quest = [r for r in rows if r["policy"] == "quest"][0]["attended_share_layers"]
 assert full == [1, 1], full
 assert len(quest) == 2 and quest[0] == 1 and 0 < quest[1] < 0.2, quest
 PY
+# Needle kept: the recall model answers when, and only when, its retrieval layer (the last)
+# still holds the needle (README of the model), so for policies that attend what they keep
+# accuracy equals the share of needles kept; quest and the full cache keep every needle.
+"${RECALL[@]}" --prompts "$P/recall-1024" --kv full --kv streaming --kv snapkv --kv quest:dense_layers=0 \
+  --budget 0.1 --limit 20 --json "$TMP/needle.json" --csv "$TMP/needle.csv" >/dev/null 2>&1 \
+  || fail "needle kept run"
+python3 - "$TMP/needle.json" "$TMP/needle.csv" <<'PY' && pass "needle kept: equals accuracy where attended = kept" || fail "needle kept: $(head -c 800 "$TMP/needle.json")"
+import csv, json, sys
+d = json.load(open(sys.argv[1])); rows = d["rows"] if isinstance(d, dict) else d
+by = {r["policy"]: r for r in rows}
+assert by["full"]["needle_kept_layers"] == [1, 1], by["full"]
+assert by["quest"]["needle_kept_layers"][1] == 1, by["quest"]
+for p in ("streaming", "snapkv"):
+    k = by[p]["needle_kept_layers"][1]
+    assert k < 1 and abs(k - by[p]["accuracy"]) < 1e-9, (p, k, by[p]["accuracy"])
+per = [r for r in csv.DictReader(open(sys.argv[2])) if r["policy"] == "snapkv"]
+assert len(per) == 20 and all((r["needle_kept_last_layer"] == "1.0000") == (r["n_correct"] == "1") for r in per)
+PY
 # Quest's default dense_layers=2 covers both layers of this model: warned.
 "${RECALL[@]}" --prompts "$P/recall-256" --kv quest:budget=0.1 --limit 2 >/dev/null 2>"$TMP/err" \
   && grep -q 'warning: --kv quest:budget=0.1: dense_layers=2 covers all 2 layers' "$TMP/err" \
