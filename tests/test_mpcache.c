@@ -567,8 +567,44 @@ static void op_counts(void)
 
 /* ---- 15: the commonality score ---- */
 
+/* Layer l's prompt keys equal layer 0's. */
+static void same_keys(harness *x, int l, int t, float *k)
+{
+    if (l > 0)
+        memcpy(k, x->keys[0][t], sizeof(float) * (size_t)x->Hkv * x->d);
+}
+
 static void commonality(void)
 {
+    /* the policy's measurement (share=off): identical keys, no static step (keep=1) and the
+     * same query in every layer give identical choices: CS = 1; random layers give less */
+    float q[MAXH * MAXD];
+    for (int i = 0; i < MAXH * MAXD; i++)
+        q[i] = (float)sin(1.0 + i);
+    char line[512] = "";
+    CHECK(h_start(&hx, "mpcache:budget=0.05,keep=1,s1=8,s2=4,share=off", 4, 2, 2, 8, 200, 8,
+                  same_keys) == KVS_OK);
+    CHECK(h_step(&hx, q) == KVS_OK);
+    CHECK(hx.p.type->report(&hx.p, 2, line, sizeof line) == 0);
+    CHECKF(strstr(line, "CS(1) 1.000, CS(2) 1.000, layers 0 and 1: 1.000"), "%s", line);
+    h_free(&hx);
+    CHECK(h_start(&hx, "mpcache:budget=0.05,s1=8,s2=4,share=off", 4, 2, 2, 8, 200, 8, NULL) ==
+          KVS_OK);
+    for (int i = 0; i < 5; i++)
+        CHECK(h_step(&hx, NULL) == KVS_OK);
+    double c1 = -1, c2 = -1, c01 = -1;
+    CHECK(hx.p.type->report(&hx.p, 2, line, sizeof line) == 0);
+    const char *at = strstr(line, "CS(1)");
+    CHECKF(at && sscanf(at, "CS(1) %lf, CS(2) %lf, layers 0 and 1: %lf", &c1, &c2, &c01) == 3 &&
+               c1 >= 0 && c1 < 1 && c2 >= 0 && c2 <= c1 && c01 >= 0 && c01 < 1,
+           "%s", line);
+    h_free(&hx);
+    /* with sharing there is no such line */
+    CHECK(h_start(&hx, "mpcache:budget=0.05,s1=8,s2=4", 4, 2, 2, 8, 200, 8, NULL) == KVS_OK);
+    CHECK(h_step(&hx, NULL) == KVS_OK);
+    CHECK(hx.p.type->report(&hx.p, 2, line, sizeof line) == -1);
+    h_free(&hx);
+
     const int a[] = {1, 4, 7, 9}, b[] = {1, 4, 7, 9}, c[] = {2, 4, 8, 9}, e[] = {0, 3, 5, 6};
     const int *same[] = {a, b, a, b}, *mixed[] = {a, c, b}, *apart[] = {a, e};
     CHECK(kvs_mp_commonality(same, 4, 4, 1) == 1.0 && kvs_mp_commonality(same, 4, 4, 3) == 1.0);

@@ -82,6 +82,9 @@ typedef struct mp_state {
     /* totals since the prompt began */
     double steps, select_seconds, slots;
     kvs_mp_ops ops;
+    /* share=off: sums of the commonality of the layers' choices (§2.4) over decode steps and
+     * KV heads: CS(1), CS(2), and the pair of layers 0 and 1; cs_n terms */
+    double cs1, cs2, cs01, cs_n;
 } mp_state;
 
 kvs_status kvs_mp_cfg_from_spec(const kvs_policy_spec *spec, int n_layers, kvs_mp_cfg *out,
@@ -527,6 +530,46 @@ static int choose(kvs_policy *p, mp_head *h, int layer, int hh, const float *q, 
     return k;
 }
 
+/* share=off, after the last layer chose for KV head hh: the commonality (§2.4) of the positions
+ * the layers' chosen clusters attend (each layer keeps its own static set, so cluster numbers
+ * do not compare across layers; positions do), on steps where every layer attends the same
+ * number of real slots (a layer that chose a cluster with dummies leaves the step out). A
+ * measurement only: without
+ * memory for it, the step is left out. */
+static void add_commonality(kvs_policy *p, int hh)
+{
+    mp_state *s = p->state;
+    const int L = p->n_layers, s2 = s->cfg.s2;
+    const int cap = head_of(p, 0, hh)->last.n_fine * s2;
+    if (cap <= 0)
+        return;
+    int *buf = malloc(sizeof *buf * (size_t)L * cap);
+    const int *sets[L];
+    int ok = buf != NULL, k = -1;
+    for (int l = 0; l < L && ok; l++) {
+        const mp_head *h = head_of(p, l, hh);
+        const int32_t *pos = kvs_store_pos(p->store, l, hh);
+        int *set = buf + (size_t)l * cap, n = 0;
+        ok = h->last.n_fine * s2 == cap;
+        for (int i = 0; i < h->last.n_fine && ok; i++)
+            for (int v = h->fine[i] * s2; v < (h->fine[i] + 1) * s2; v++) {
+                const int slot = slot_of(s, h, v);
+                if (slot >= 0) /* not a dummy */
+                    set[n++] = pos[slot];
+            }
+        ok = ok && n > 0 && (k < 0 || n == k);
+        k = n;
+        sets[l] = set;
+    }
+    if (ok) {
+        s->cs1 += kvs_mp_commonality(sets, L, k, 1);
+        s->cs2 += L > 2 ? kvs_mp_commonality(sets, L, k, 2) : 0;
+        s->cs01 += kvs_mp_commonality(sets, 2, k, 1);
+        s->cs_n++;
+    }
+    free(buf);
+}
+
 static int select_slots(kvs_policy *p, int layer, int hh, const float *q, int *slots)
 {
     mp_state *s = p->state;
@@ -584,6 +627,8 @@ static int select_slots(kvs_policy *p, int layer, int hh, const float *q, int *s
     s->slots += k < 0 ? n : k;
     if (layer == 0 && hh == 0)
         s->steps++;
+    if (!c->share && layer == p->n_layers - 1 && p->n_layers > 1)
+        add_commonality(p, hh);
     s->select_seconds += elapsed(&t0);
     return k;
 }
@@ -612,6 +657,15 @@ static int report(const kvs_policy *p, int i, char *buf, size_t size)
                  (double)o->sim_max_ops / st, (double)o->topk_len1 / st,
                  (double)o->topk_len2 / st, (double)o->gather_eq / st,
                  (double)o->softmax_len / st, (double)o->attn_mults / st);
+        return 0;
+    }
+    if (i == 2 && s->cs_n > 0) {
+        char two[16] = "-";
+        if (p->n_layers > 2)
+            snprintf(two, sizeof two, "%.3f", s->cs2 / s->cs_n);
+        snprintf(buf, size, "mpcache commonality of the positions the layers choose (share=off; "
+                 "§2.4, m + 1 layers): CS(1) %.3f, CS(2) %s, layers 0 and 1: %.3f", s->cs1 / s->cs_n, two,
+                 s->cs01 / s->cs_n);
         return 0;
     }
     return -1;
