@@ -207,6 +207,19 @@ static void static_step(void)
             CHECKF(exact, "layer %d head %d: compacted keys differ from the kept ones", l, h);
         }
     h_free(&hx);
+    /* a budget above keep raises keep to it (budget = keep x eta with eta <= 1): 0.5 of 200
+     * kept, all of it attended; slots=N likewise */
+    static const char *const raised[] = {"mpcache:budget=0.5,share=off", "mpcache:slots=100,"
+                                         "share=off"};
+    for (int i = 0; i < 2; i++) {
+        CHECK(h_start(&hx, raised[i], 2, 4, 2, d, 200, 12, NULL) == KVS_OK);
+        CHECK(h_step(&hx, NULL) == KVS_OK);
+        CHECKF(hx.p.budget == 100 && kvs_store_count(hx.store, 1, 0) == 101 &&
+                   kvs_mp_eta_of(&hx.p) == 1.0 && hx.n_slots[1][0] == 101,
+               "%s: keeps %d, eta %g, attends %d", raised[i], hx.p.budget,
+               kvs_mp_eta_of(&hx.p), hx.n_slots[1][0]);
+        h_free(&hx);
+    }
 }
 
 /* The reference choice of §2.5 on a head with nothing sealed: boxes and scores of the kept keys
@@ -540,6 +553,32 @@ static void tail(void)
     h_free(&hx);
 }
 
+/* ends=on: the first and the last clustered fine cluster are attended besides the n2 chosen
+ * ones (the authors' code), before and after a seal. */
+static void ends_option(void)
+{
+    CHECK(h_start(&hx, "mpcache:budget=0.05,s1=8,s2=4,share=off,ends=on", 1, 2, 2, 8, 200, 10,
+                  NULL) == KVS_OK);
+    int ok = 1;
+    for (int s = 0; s < 20; s++) {
+        CHECK(h_step(&hx, NULL) == KVS_OK);
+        for (int h = 0; h < 2; h++) {
+            const kvs_mp_last *a = kvs_mp_last_of(&hx.p, 0, h);
+            /* N = 50: 13 real fine clusters in 14 padded ones; sealed clusters follow */
+            const int last = a->sealed ? a->shape.C2x - 1 : 12;
+            int first_in = 0, last_in = 0;
+            for (int i = 0; i < a->n_fine; i++) {
+                first_in |= a->fine[i] == 0;
+                last_in |= a->fine[i] == last;
+                ok &= i == 0 || a->fine[i] > a->fine[i - 1];
+            }
+            ok &= first_in && last_in && a->n_fine == a->shape.n2 + 2;
+        }
+    }
+    CHECKF(ok, "ends=on: the first and last clusters are not both attended besides n2");
+    h_free(&hx);
+}
+
 static void op_counts(void)
 {
     CHECK(h_start(&hx, "mpcache:budget=0.05,s1=8,s2=4,share=off", 1, 2, 2, 8, 200, 7, NULL) ==
@@ -697,6 +736,7 @@ int main(void)
     determinism();
     degenerate();
     tail();
+    ends_option();
     op_counts();
     commonality();
     bad_input();
