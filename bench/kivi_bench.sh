@@ -5,7 +5,7 @@
 # one run on one synthetic model file so that the ratios compare runs made minutes apart.
 #   bench/kivi_bench.sh [BUILD_DIR]          (default BUILD_DIR: <repo>/build)
 # Env: N_PROMPT (8192), N_GEN (64), THREADS (2), TYPE (f32: the weights),
-#      SHAPE (dim=768,hidden=2048,layers=12,heads=12,kv_heads=12,vocab=512: the 85.7M llama),
+#      SHAPE (BENCH_SHAPE of bench/lib.sh: the 85.7M llama),
 #      KV_TYPES ("f32 f16 kivi4 kivi2"), POLICIES ("full snapkv:budget=0.1"),
 #      ROUNDS (1: rounds of every configuration in turn; the table shows medians, so that a
 #      burst of load from other processes moves one round, not the comparison).
@@ -17,22 +17,18 @@ if [ -n "${CI:-}" ]; then
   exit 0
 fi
 here=$(cd "$(dirname "$0")/.." && pwd)
+source "$here/bench/lib.sh"
 build=${1:-$here/build}
 kvslim=$build/kvslim
 n_prompt=${N_PROMPT:-8192} n_gen=${N_GEN:-64} threads=${THREADS:-2} type=${TYPE:-f32}
-shape_base=${SHAPE:-dim=768,hidden=2048,layers=12,heads=12,kv_heads=12,vocab=512}
+shape_base=${SHAPE:-$BENCH_SHAPE}
 kv_types=${KV_TYPES:-f32 f16 kivi4 kivi2}
 policies=${POLICIES:-full snapkv:budget=0.1}
 rounds=${ROUNDS:-1}
 out=$build/bench/kivi
 mkdir -p "$out"
 ctx=$(( n_prompt + n_gen + 64 ))
-model=$out/synthetic-$type-ctx$ctx.gguf
-if [ ! -f "$model" ]; then
-  echo "writing $model" >&2
-  "$kvslim" bench --synthetic "$shape_base,ctx=$ctx,type=$type" --save "$model" -p 16 -n 0 \
-    -t "$threads" >/dev/null
-fi
+model=$(bench_synthetic "$kvslim" "$out" "$shape_base" "$ctx" "$type" "$threads")
 # Configurations: every storage type under every policy, then minicache on kivi4 if known.
 configs=()
 for p in $policies; do

@@ -14,10 +14,11 @@ if [ -n "${CI:-}" ]; then
   exit 0
 fi
 here=$(cd "$(dirname "$0")/.." && pwd)
+source "$here/bench/lib.sh"
 build=${1:-$here/build}
 n=${CONTEXT:-8192} n_gen=${N_GEN:-32} threads=${THREADS:-2} type=${TYPE:-f32}
 kv_type=${KV_TYPE:-f16} b=${BUDGET:-0.05}
-shape=dim=768,hidden=2048,layers=12,heads=12,kv_heads=12,vocab=512
+shape=$BENCH_SHAPE
 policies=${POLICIES:-full quest:budget=$b,dense_layers=0 pqcache:budget=$b mpcache:budget=$b}
 out=$build/bench/mpcache
 mkdir -p "$out"
@@ -25,12 +26,7 @@ mkdir -p "$out"
 kvslim=$out/kvslim
 cp "$build/kvslim" "$kvslim"
 ctx=$(( n + n_gen + 64 ))
-model=$out/synthetic-$type-ctx$ctx.gguf
-if [ ! -f "$model" ]; then
-  echo "writing $model" >&2
-  "$kvslim" bench --synthetic "$shape,ctx=$ctx,type=$type" --save "$model" -p 16 -n 0 \
-    -t "$threads" >/dev/null
-fi
+model=$(bench_synthetic "$kvslim" "$out" "$shape" "$ctx" "$type" "$threads")
 rows=()
 for p in $policies; do
   name=$(echo "$p" | tr ':=,' '___')

@@ -16,23 +16,19 @@ if [ -n "${CI:-}" ]; then
   exit 0
 fi
 here=$(cd "$(dirname "$0")/.." && pwd)
+source "$here/bench/lib.sh"
 build=${1:-$here/build}
 kvslim=$build/kvslim
 contexts=${CONTEXTS:-8192 32768} n_gen=${N_GEN:-32} threads=${THREADS:-2} type=${TYPE:-f32}
 kv_type=${KV_TYPE:-f16}
-shape=${SHAPE:-dim=768,hidden=2048,layers=12,heads=12,kv_heads=12,vocab=512}
+shape=${SHAPE:-$BENCH_SHAPE}
 policies=${POLICIES:-full snapkv:budget=0.1 pqcache:budget=0.1 pqcache:budget=0.1,cache=0}
 out=$build/bench/pqcache
 mkdir -p "$out"
 max=0
 for c in $contexts; do [ "$c" -gt "$max" ] && max=$c; done
 ctx=$(( max + n_gen + 64 ))
-model=$out/synthetic-$type-ctx$ctx.gguf
-if [ ! -f "$model" ]; then
-  echo "writing $model" >&2
-  "$kvslim" bench --synthetic "$shape,ctx=$ctx,type=$type" --save "$model" -p 16 -n 0 \
-    -t "$threads" >/dev/null
-fi
+model=$(bench_synthetic "$kvslim" "$out" "$shape" "$ctx" "$type" "$threads")
 rows=()
 for n in $contexts; do
   for p in $policies; do

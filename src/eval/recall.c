@@ -246,20 +246,16 @@ static void score(const kvs_recall_prompt *p, int t, const float *logits, int V,
     }
 }
 
+static int cmp_i32(const void *a, const void *b)
+{
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
 /* Whether slot positions pos[0..n) (ascending) hold position x. */
 static int holds(const int32_t *pos, int n, int32_t x)
 {
-    int lo = 0, hi = n - 1;
-    while (lo <= hi) {
-        const int mid = lo + (hi - lo) / 2;
-        if (pos[mid] == x)
-            return 1;
-        if (pos[mid] < x)
-            lo = mid + 1;
-        else
-            hi = mid - 1;
-    }
-    return 0;
+    return n > 0 && bsearch(&x, pos, (size_t)n, sizeof *pos, cmp_i32) != NULL;
 }
 
 /* r->needle_kept right after the context (kvs_recall_result). */

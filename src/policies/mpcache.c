@@ -218,6 +218,16 @@ static kvs_status prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kv
 
 /* ---- scratch and boxes ---- */
 
+/* *pp = realloc(*pp, bytes), left as it was on failure: 0, or -1 without memory. */
+static int grow(void *pp, size_t bytes)
+{
+    void **p = pp, *n = realloc(*p, bytes);
+    if (!n)
+        return -1;
+    *p = n;
+    return 0;
+}
+
 /* Scratch for up to n clusters (the dynamic step's scores, candidates and ranking; n covers
  * every fine cluster of the padded layout, so also the coarse ones) and key rows for up to
  * rows slots. */
@@ -225,36 +235,18 @@ static kvs_status reserve(kvs_policy *p, int n, int rows, kvs_error *err)
 {
     mp_state *s = p->state;
     if (n > s->cap) {
-        const int cap = n + n / 2 + 8;
-        double *sc = realloc(s->sc, sizeof *sc * (size_t)cap);
-        if (sc)
-            s->sc = sc;
-        double *cs = realloc(s->cs, sizeof *cs * (size_t)cap);
-        if (cs)
-            s->cs = cs;
-        int *a = realloc(s->sel1, sizeof *a * (size_t)cap);
-        if (a)
-            s->sel1 = a;
-        int *b = realloc(s->cand, sizeof *b * (size_t)cap);
-        if (b)
-            s->cand = b;
-        int *c = realloc(s->pick, sizeof *c * (size_t)cap);
-        if (c)
-            s->pick = c;
-        void *rk = realloc(s->rank, kvs_mp_topk_scratch(cap));
-        if (rk)
-            s->rank = rk;
-        if (!sc || !cs || !a || !b || !c || !rk)
+        const size_t cap = (size_t)(n + n / 2 + 8);
+        if (grow(&s->sc, sizeof *s->sc * cap) || grow(&s->cs, sizeof *s->cs * cap) ||
+            grow(&s->sel1, sizeof *s->sel1 * cap) || grow(&s->cand, sizeof *s->cand * cap) ||
+            grow(&s->pick, sizeof *s->pick * cap) || grow(&s->rank, kvs_mp_topk_scratch((int)cap)))
             return kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory for %d clusters",
                             p->spec.user, n);
-        s->cap = cap;
+        s->cap = (int)cap;
     }
     if (rows > s->keys_rows) {
-        float *k = realloc(s->keys, sizeof *k * (size_t)rows * p->head_dim);
-        if (!k)
+        if (grow(&s->keys, sizeof *s->keys * (size_t)rows * p->head_dim))
             return kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory for %d keys",
                             p->spec.user, rows);
-        s->keys = k;
         s->keys_rows = rows;
     }
     return KVS_OK;
@@ -268,22 +260,8 @@ static kvs_status reserve_head(kvs_policy *p, mp_head *h, int n_fine, kvs_error 
         return KVS_OK;
     const int r = s->cfg.s1 / s->cfg.s2, cap = (n_fine + n_fine / 2 + r) / r * r;
     const size_t fb = sizeof(float) * (size_t)cap * p->head_dim, cb = fb / (size_t)r;
-    float *a = realloc(h->fmn, fb);
-    if (a)
-        h->fmn = a;
-    float *b = realloc(h->fmx, fb);
-    if (b)
-        h->fmx = b;
-    float *c = realloc(h->cmn, cb);
-    if (c)
-        h->cmn = c;
-    float *d = realloc(h->cmx, cb);
-    if (d)
-        h->cmx = d;
-    int *f = realloc(h->fine, sizeof *f * (size_t)(cap + 2));
-    if (f)
-        h->fine = f;
-    if (!a || !b || !c || !d || !f)
+    if (grow(&h->fmn, fb) || grow(&h->fmx, fb) || grow(&h->cmn, cb) || grow(&h->cmx, cb) ||
+        grow(&h->fine, sizeof *h->fine * (size_t)(cap + 2)))
         return kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory for %d cluster boxes",
                         p->spec.user, cap);
     h->cap_f = cap;

@@ -401,17 +401,7 @@ void kvs_mp_shape_of(const kvs_mp_cfg *c, double eta, int n_kept, int sealed, kv
 
 static int has(const int *set, int k, int x)
 {
-    int lo = 0, hi = k - 1;
-    while (lo <= hi) {
-        const int mid = lo + (hi - lo) / 2;
-        if (set[mid] == x)
-            return 1;
-        if (set[mid] < x)
-            lo = mid + 1;
-        else
-            hi = mid - 1;
-    }
-    return 0;
+    return bsearch(&x, set, (size_t)k, sizeof *set, int_cmp) != NULL;
 }
 
 double kvs_mp_commonality(const int *const *sets, int L, int k, int m)
