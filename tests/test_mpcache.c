@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "eval/opcount.h"
 #include "core/random.h"
 #include "core/threadpool.h"
 #include "fixture.h"
@@ -604,6 +605,42 @@ static void op_counts(void)
     h_free(&hy);
 }
 
+/* The policy's measured counts of a first decode step equal eval --task opcount's model of
+ * MPCache as configured (the model also counts the coarse level's one-hot gather, n1 x C1). */
+static void counts_match_model(void)
+{
+    static const char *const specs[] = {"mpcache:budget=0.05,s1=8,s2=4",
+                                        "mpcache:budget=0.1,s1=8,s2=2,share=off",
+                                        "mpcache:budget=0.03,s1=16,s2=4,skip=1"};
+    for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
+        CHECK(h_start(&hx, specs[i], 5, 4, 2, 8, 300, 13, NULL) == KVS_OK);
+        CHECK(h_step(&hx, NULL) == KVS_OK);
+        kvs_opcount_input in = {{5, 4, 2, 8}, 300, hx.p.spec.budget, 1, *kvs_mp_cfg_of(&hx.p)};
+        kvs_opcount_row rows[KVS_OC_N_METHODS];
+        CHECK(kvs_opcount_rows(&in, rows, NULL) == KVS_OK);
+        const kvs_opcount_row *m = &rows[KVS_OC_MP_SHARING];
+        int64_t mults = 0, topk = 0, gather = 0, softmax = 0, attn = 0, coarse = 0;
+        for (int l = 0; l < 5; l++)
+            for (int h = 0; h < 2; h++) {
+                const kvs_mp_last *a = kvs_mp_last_of(&hx.p, l, h);
+                mults += a->ops.sim_mults;
+                topk += a->ops.topk_len1 + a->ops.topk_len2;
+                gather += a->ops.gather_eq;
+                softmax += 2 * a->ops.softmax_len; /* 2 query heads per KV head */
+                attn += 2 * a->ops.attn_mults;
+                coarse += a->selector ? (int64_t)a->shape.n1 * a->shape.C1 : 0;
+            }
+        CHECKF(mults == m->sim_mults && topk == m->topk_len && gather + coarse == m->gather_eq &&
+                   softmax == m->softmax_len && attn == m->attn_mults,
+               "%s: measured %lld/%lld/%lld/%lld/%lld, model %lld/%lld/%lld/%lld/%lld", specs[i],
+               (long long)mults, (long long)topk, (long long)(gather + coarse),
+               (long long)softmax, (long long)attn, (long long)m->sim_mults,
+               (long long)m->topk_len, (long long)m->gather_eq, (long long)m->softmax_len,
+               (long long)m->attn_mults);
+        h_free(&hx);
+    }
+}
+
 /* ---- 15: the commonality score ---- */
 
 /* Layer l's prompt keys equal layer 0's. */
@@ -738,6 +775,7 @@ int main(void)
     tail();
     ends_option();
     op_counts();
+    counts_match_model();
     commonality();
     bad_input();
     full_budget();
