@@ -76,7 +76,10 @@ typedef struct kvs_policy {
     kvs_store *store;
     int n_layers, n_heads, n_kv_heads, head_dim;
     int n_prompt; /* tokens of the current prompt */
-    int budget;   /* slots per (layer, KV head), resolved at prompt start; INT32_MAX if none */
+    int budget;   /* slots per (layer, KV head), resolved at prompt start; INT32_MAX if none.
+                   * A one-shot policy whose budget is what it attends rather than what it keeps
+                   * (MPCache: budget = keep x eta) sets it in start to the slots it keeps, which
+                   * the kv layer and the invariants read */
     int in_prompt; /* the current batch is part of the prompt (positions do not tell once they
                     * are shifted) */
     void *state;  /* owned by the policy */
