@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages kvslim needs to build, test and plot, if any is missing.
 set -euo pipefail
-packages=(build-essential cmake pkg-config libopenblas-dev gnuplot-nox jq)
+packages=(build-essential cmake pkg-config libopenblas-dev gnuplot-nox jq libssl-dev)
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
