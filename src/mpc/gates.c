@@ -1,0 +1,237 @@
+/* Arithmetic gates: input, open, Beaver products, weight products, exact truncation (gates.h). */
+#include "mpc/gates.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "mpc/corr.h"
+#include "mpc/fss.h"
+
+static kvs_status no_memory(kvs_error *err, const char *what, size_t n)
+{
+    return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for %s (%zu values)", what, n);
+}
+
+kvs_status kvs_mpc_input(kvs_mpc *m, int owner, const uint64_t *x, size_t n, uint64_t *share,
+                         kvs_error *err)
+{
+    if (kvs_mpc_is_dealer(m))
+        return KVS_OK;
+    if ((int)m->role != owner)
+        return kvs_chan_recv(m->peer, KVS_OP_INPUT, share, n * sizeof *share, err);
+    kvs_prg_u64(m->own, share, n); /* the peer's share */
+    kvs_status st = kvs_chan_send(m->peer, KVS_OP_INPUT, share, n * sizeof *share, err);
+    for (size_t i = 0; i < n; i++)
+        share[i] = x[i] - share[i];
+    return st;
+}
+
+kvs_status kvs_mpc_open(kvs_mpc *m, kvs_mpc_op op, const uint64_t *share, size_t n,
+                        uint64_t *out, kvs_error *err)
+{
+    if (kvs_mpc_is_dealer(m))
+        return KVS_OK;
+    kvs_status st = kvs_chan_send(m->peer, op, share, n * sizeof *share, err);
+    if (st == KVS_OK)
+        st = kvs_chan_recv(m->peer, op, out, n * sizeof *out, err);
+    for (size_t i = 0; st == KVS_OK && i < n; i++)
+        out[i] += share[i];
+    return st;
+}
+
+kvs_status kvs_mpc_mul(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, const uint64_t *y,
+                       size_t n, uint64_t *z, kvs_error *err)
+{
+    uint64_t *t = malloc(sizeof *t * 5 * (n ? n : 1));
+    if (!t)
+        return no_memory(err, "a product", n);
+    uint64_t *a = t, *b = t + n, *c = t + 2 * n, *de = t + 3 * n; /* de: d then e */
+    kvs_status st = kvs_corr_triples(m, n, a, b, c, err);
+    if (st != KVS_OK || kvs_mpc_is_dealer(m)) {
+        free(t);
+        return st;
+    }
+    for (size_t i = 0; i < n; i++) {
+        de[i] = x[i] - a[i];
+        de[n + i] = y[i] - b[i];
+    }
+    /* open d = x - a and e = y - b in one message */
+    uint64_t *open = malloc(sizeof *open * 2 * (n ? n : 1));
+    if (!open) {
+        free(t);
+        return no_memory(err, "a product", n);
+    }
+    st = kvs_mpc_open(m, op, de, 2 * n, open, err);
+    for (size_t i = 0; st == KVS_OK && i < n; i++) {
+        const uint64_t d = open[i], e = open[n + i];
+        /* x y = (d + a)(e + b) = d e + d b + e a + c: party 0 adds the public d e */
+        z[i] = d * b[i] + e * a[i] + c[i] + (m->role == KVS_MPC_P0 ? d * e : 0);
+    }
+    free(open);
+    free(t);
+    return st;
+}
+
+/* Party 0 adds a public constant to its share; party 1 does nothing. */
+static inline uint64_t add_public(const kvs_mpc *m, uint64_t share, uint64_t v)
+{
+    return m->role == KVS_MPC_P0 ? share + v : share;
+}
+
+kvs_status kvs_mpc_trunc(kvs_mpc *m, kvs_mpc_op op, uint64_t *x, size_t n, int f,
+                         kvs_error *err)
+{
+    if (f <= 0 || n == 0)
+        return KVS_OK;
+    if (f > 62)
+        return kvs_fail(err, KVS_ERR_ARG, "truncation by %d bits: at most 62", f);
+    const uint64_t bias = (uint64_t)1 << 62, low = ((uint64_t)1 << f) - 1;
+    const size_t kb_lo = kvs_dcf_key_bytes(f), kb_hi = kvs_dcf_key_bytes(64);
+    /* r: the mask; rq: shares of floor(r / 2^f); alpha/beta: the dealer's DCF parameters */
+    uint64_t *w = malloc(sizeof *w * 6 * n);
+    uint8_t *keys = malloc((kb_lo + kb_hi) * n);
+    if (!w || !keys) {
+        free(w);
+        free(keys);
+        return no_memory(err, "a truncation", n);
+    }
+    uint64_t *r = w, *rq = w + n, *alpha = w + 2 * n, *beta = w + 3 * n, *c = w + 4 * n,
+             *tmp = w + 5 * n;
+    kvs_corr_masks(m, n, r);
+    if (kvs_mpc_is_dealer(m))
+        for (size_t i = 0; i < n; i++)
+            tmp[i] = r[i] >> f;
+    kvs_status st = kvs_corr_shares(m, n, tmp, rq, err);
+    /* borrow of the low bits: [c mod 2^f < r mod 2^f], as 1 */
+    if (st == KVS_OK && kvs_mpc_is_dealer(m))
+        for (size_t i = 0; i < n; i++) {
+            alpha[i] = r[i] & low;
+            beta[i] = 1;
+        }
+    if (st == KVS_OK)
+        st = kvs_corr_dcf(m, f, n, alpha, beta, keys, err);
+    /* wrap of c = y + r: [c < r], worth 2^(64 - f) after the shift */
+    if (st == KVS_OK && kvs_mpc_is_dealer(m))
+        for (size_t i = 0; i < n; i++) {
+            alpha[i] = r[i];
+            beta[i] = (uint64_t)1 << (64 - f);
+        }
+    if (st == KVS_OK)
+        st = kvs_corr_dcf(m, 64, n, alpha, beta, keys + kb_lo * n, err);
+    if (st != KVS_OK || kvs_mpc_is_dealer(m)) {
+        free(w);
+        free(keys);
+        return st;
+    }
+    for (size_t i = 0; i < n; i++)
+        tmp[i] = add_public(m, x[i], bias) + r[i];
+    st = kvs_mpc_open(m, op, tmp, n, c, err);
+    const int b = (int)m->role;
+    for (size_t i = 0; st == KVS_OK && i < n; i++) {
+        /* y = x + 2^62 = c - r + wrap 2^64, so floor(y / 2^f) = floor(c / 2^f) - floor(r / 2^f)
+         * - borrow + wrap 2^(64 - f); then remove the bias's 2^(62 - f) */
+        const uint64_t borrow = kvs_dcf_eval(b, keys + kb_lo * i, f, c[i] & low);
+        const uint64_t wrap = kvs_dcf_eval(b, keys + kb_lo * n + kb_hi * i, 64, c[i]);
+        uint64_t y = wrap - borrow - rq[i];
+        y = add_public(m, y, (c[i] >> f) - (bias >> f));
+        x[i] = y;
+    }
+    free(w);
+    free(keys);
+    return st;
+}
+
+kvs_status kvs_mpc_weight_setup(kvs_mpc *m, kvs_mpc_weight *w, size_t k, size_t n,
+                                const uint64_t *W, kvs_error *err)
+{
+    memset(w, 0, sizeof *w);
+    w->k = k;
+    w->n = n;
+    const size_t kn = k * n;
+    if (m->role != KVS_MPC_P0 && !(w->B = malloc(sizeof *w->B * (kn ? kn : 1))))
+        return no_memory(err, "a weight mask", kn);
+    kvs_corr_weight_mask(m, k, n, w->B);
+    if (kvs_mpc_is_dealer(m))
+        return KVS_OK;
+    uint64_t *buf = malloc(sizeof *buf * (kn ? kn : 1));
+    if (!buf) {
+        kvs_mpc_weight_free(w);
+        return no_memory(err, "a weight matrix", kn);
+    }
+    kvs_status st;
+    if (m->role == KVS_MPC_P1) {
+        memcpy(buf, W, sizeof *buf * kn);
+        w->W = buf;
+        uint64_t *wm = malloc(sizeof *wm * (kn ? kn : 1));
+        if (!wm) {
+            kvs_mpc_weight_free(w);
+            return no_memory(err, "a weight matrix", kn);
+        }
+        for (size_t i = 0; i < kn; i++)
+            wm[i] = W[i] - w->B[i];
+        st = kvs_chan_send(m->peer, KVS_OP_INPUT, wm, sizeof *wm * kn, err);
+        free(wm);
+    } else {
+        w->Wm = buf;
+        st = kvs_chan_recv(m->peer, KVS_OP_INPUT, buf, sizeof *buf * kn, err);
+    }
+    if (st != KVS_OK)
+        kvs_mpc_weight_free(w);
+    return st;
+}
+
+void kvs_mpc_weight_free(kvs_mpc_weight *w)
+{
+    free(w->W);
+    free(w->B);
+    free(w->Wm);
+    w->W = w->B = w->Wm = NULL;
+}
+
+/* y (rows x n) += x (rows x k) M (k x n), mod 2^64. */
+static void matmul_add(const uint64_t *x, const uint64_t *M, size_t rows, size_t k, size_t n,
+                       uint64_t *y)
+{
+    for (size_t r = 0; r < rows; r++)
+        for (size_t i = 0; i < k; i++) {
+            const uint64_t v = x[r * k + i];
+            const uint64_t *mi = M + i * n;
+            uint64_t *yr = y + r * n;
+            for (size_t j = 0; j < n; j++)
+                yr[j] += v * mi[j];
+        }
+}
+
+kvs_status kvs_mpc_matmul_w(kvs_mpc *m, const kvs_mpc_weight *w, const uint64_t *x,
+                            size_t rows, uint64_t *y, kvs_error *err)
+{
+    const size_t k = w->k, n = w->n;
+    uint64_t *A = NULL, *D = malloc(sizeof *D * (rows * k + 1));
+    if (m->role == KVS_MPC_P0)
+        A = malloc(sizeof *A * (rows * k + 1));
+    if (!D || (m->role == KVS_MPC_P0 && !A)) {
+        free(A);
+        free(D);
+        return no_memory(err, "a weight product", rows * k);
+    }
+    /* party 1 and the dealer have no A: the dealer's correlation goes in y */
+    uint64_t *C = kvs_mpc_is_dealer(m) ? NULL : y;
+    kvs_status st = kvs_corr_matmul(m, rows, k, n, w->B, A, C, err);
+    if (st == KVS_OK && m->role == KVS_MPC_P0) {
+        /* y0 = x0 Wm + C0; send D = x0 - A */
+        for (size_t i = 0; i < rows * k; i++)
+            D[i] = x[i] - A[i];
+        st = kvs_chan_send(m->peer, KVS_OP_MATMUL, D, sizeof *D * rows * k, err);
+        matmul_add(x, w->Wm, rows, k, n, y);
+    } else if (st == KVS_OK && m->role == KVS_MPC_P1) {
+        /* y1 = x1 W + D B + C1 */
+        st = kvs_chan_recv(m->peer, KVS_OP_MATMUL, D, sizeof *D * rows * k, err);
+        if (st == KVS_OK) {
+            matmul_add(x, w->W, rows, k, n, y);
+            matmul_add(D, w->B, rows, k, n, y);
+        }
+    }
+    free(A);
+    free(D);
+    return st;
+}

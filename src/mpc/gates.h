@@ -1,0 +1,69 @@
+/* The two-party engine's arithmetic gates on additive shares over Z_2^64: sharing an input,
+ * opening, local affine maps, Beaver products, products with the server's private weights
+ * (a fixed mask per matrix), and exact fixed-point truncation (an FSS gate on the masked
+ * value). Every gate is called by the parties with their shares and by the dealer with no data
+ * (NULL pointers, the same shapes): the dealer's call produces the gate's correlated randomness.
+ * Each gate equals its plaintext emulator (fxp.h) bit for bit on the reconstructed values. */
+#ifndef KVS_MPC_GATES_H
+#define KVS_MPC_GATES_H
+
+#include "mpc/mpc.h"
+
+/* owner's n values x become shares: the owner keeps x - s and sends s, drawn from its private
+ * stream (op KVS_OP_INPUT). The other party passes x = NULL. */
+kvs_status kvs_mpc_input(kvs_mpc *m, int owner, const uint64_t *x, size_t n, uint64_t *share,
+                         kvs_error *err);
+
+/* Both parties learn the n values (each sends its share; one round). */
+kvs_status kvs_mpc_open(kvs_mpc *m, kvs_mpc_op op, const uint64_t *share, size_t n,
+                        uint64_t *out, kvs_error *err);
+
+/* z = x y elementwise mod 2^64 (no truncation): one Beaver triple each, one round. z may
+ * alias x or y. */
+kvs_status kvs_mpc_mul(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, const uint64_t *y,
+                       size_t n, uint64_t *z, kvs_error *err);
+
+/* x = floor(x / 2^f) of each signed value, exactly, for |x| < 2^62: the parties open
+ * c = x + 2^62 + r for a dealer mask r (one round, 8 bytes each way per value), and two DCF
+ * evaluations give the borrow of the low f bits and the wrap of c (Boyle et al. 2021). */
+kvs_status kvs_mpc_trunc(kvs_mpc *m, kvs_mpc_op op, uint64_t *x, size_t n, int f,
+                         kvs_error *err);
+
+/* Comparisons, on values with |x| < 2^62 (gates_cmp.c). d = [x >= 0] as 0 or 1: floor(x / 2^62)
+ * + 1, the truncation gate at 62 bits (one round). */
+kvs_status kvs_mpc_nonneg(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, uint64_t *d,
+                          kvs_error *err);
+/* z = c ? a : b for bits c (0 or 1): b + c (a - b), one product (one round). z may alias. */
+kvs_status kvs_mpc_select(kvs_mpc *m, kvs_mpc_op op, const uint64_t *c, const uint64_t *a,
+                          const uint64_t *b, size_t n, uint64_t *z, kvs_error *err);
+/* z = max(a, b) elementwise: two rounds. */
+kvs_status kvs_mpc_max2(kvs_mpc *m, kvs_mpc_op op, const uint64_t *a, const uint64_t *b,
+                        size_t n, uint64_t *z, kvs_error *err);
+/* The maximum of each of rows rows of len values (x: rows x len), by a tree of max2 over the
+ * rows at once: ceil(log2 len) levels of two rounds. out: rows values. */
+kvs_status kvs_mpc_max_rows(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t rows,
+                            size_t len, uint64_t *out, kvs_error *err);
+
+/* A weight matrix W (k x n, row-major, fixed point) owned by party 1. Party 1 keeps W and the
+ * mask B (from its stream shared with the dealer, which keeps B too); party 0 keeps only
+ * Wm = W - B, which party 1 sends once (op KVS_OP_INPUT): B is uniform and never reused for
+ * another matrix, so Wm tells party 0 nothing, and the same B serves every token (the dealer's
+ * per-product correlation is A B for a fresh A). */
+typedef struct kvs_mpc_weight {
+    size_t k, n;
+    uint64_t *W;  /* party 1 */
+    uint64_t *B;  /* party 1 and the dealer */
+    uint64_t *Wm; /* party 0 */
+} kvs_mpc_weight;
+
+/* Sets up w from party 1's W (k x n; the others pass NULL). */
+kvs_status kvs_mpc_weight_setup(kvs_mpc *m, kvs_mpc_weight *w, size_t k, size_t n,
+                                const uint64_t *W, kvs_error *err);
+void kvs_mpc_weight_free(kvs_mpc_weight *w);
+
+/* y (rows x n) = x (rows x k) W mod 2^64, x shared: party 0 sends x0 - A (rows x k words, half
+ * a round); no truncation. */
+kvs_status kvs_mpc_matmul_w(kvs_mpc *m, const kvs_mpc_weight *w, const uint64_t *x,
+                            size_t rows, uint64_t *y, kvs_error *err);
+
+#endif

@@ -1,0 +1,291 @@
+/* The two-party arithmetic gates (src/mpc/gates.c) against their plaintext fixed-point emulator
+ * (src/mpc/fxp.h), bit for bit: three threads (dealer, party 0, party 1) joined by socket pairs
+ * run the same program; the test then compares what the parties opened with what the emulator
+ * computes from the inputs, over random and edge values, and checks what each gate sent. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "core/random.h"
+#include "mpc/corr.h"
+#include "mpc/fss.h"
+#include "mpc/fxp.h"
+#include "mpc/gates.h"
+
+enum { N = 200, ROWS = 3, K = 17, NC = 11, FRAC = 12, N_EDGE = 16, MR = 8, ML = 25 };
+
+/* The inputs: party 0's x (and the rows of the matrix product), party 1's y and W. */
+typedef struct inputs {
+    uint64_t x[N], y[N], edge[N_EDGE], xm[ROWS * K], W[K * NC];
+} inputs;
+
+/* What a party opened. */
+typedef struct outputs {
+    uint64_t prod[N];      /* trunc(x y) */
+    uint64_t raw[N];       /* x y, no truncation */
+    uint64_t edge[N_EDGE]; /* trunc(edge) */
+    uint64_t mm[ROWS * NC], mmt[ROWS * NC]; /* x W, and truncated */
+    uint64_t nonneg[N], max2[N], maxr[MR]; /* [x >= 0], max(x, y), row maxima of x */
+    uint64_t edge_nonneg[N_EDGE];
+    kvs_chan_stats stats;
+    uint64_t dealer_bytes;
+} outputs;
+
+typedef struct role_run {
+    kvs_mpc_role role;
+    int fd_peer, fd_dealer, fd_to[2];
+    const inputs *in;
+    outputs out;
+    kvs_status st;
+    char msg[600];
+} role_run;
+
+static const uint8_t seed0[16] = {1}, seed1[16] = {2}, own_seed[3][16] = {{3}, {4}, {5}};
+
+static kvs_status open_chan(int fd, int role, int peer, kvs_chan **c, kvs_error *err)
+{
+    kvs_chan_params p = {.insecure_plain = 1, .timeout_ms = 5000, .version = 1,
+                         .ring_bits = 64, .frac_bits = FRAC, .role = role, .peer_role = peer};
+    return kvs_chan_open(fd, &p, c, err);
+}
+
+static kvs_status program(kvs_mpc *m, const inputs *in, outputs *o, kvs_error *err)
+{
+    const int p0 = m->role == KVS_MPC_P0, p1 = m->role == KVS_MPC_P1;
+    uint64_t x[N], y[N], e[N_EDGE], z[N], xm[ROWS * K], mm[ROWS * NC] = {0};
+    kvs_mpc_weight w;
+    kvs_status st = kvs_mpc_input(m, 0, p0 ? in->x : NULL, N, x, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_input(m, 1, p1 ? in->y : NULL, N, y, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_input(m, 0, p0 ? in->edge : NULL, N_EDGE, e, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_input(m, 0, p0 ? in->xm : NULL, ROWS * K, xm, err);
+    /* x y, opened raw, then truncated */
+    if (st == KVS_OK)
+        st = kvs_mpc_mul(m, KVS_OP_MUL, x, y, N, z, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_open(m, KVS_OP_OPEN, z, N, o->raw, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_trunc(m, KVS_OP_TRUNC, z, N, FRAC, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_open(m, KVS_OP_OPEN, z, N, o->prod, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_trunc(m, KVS_OP_TRUNC, e, N_EDGE, FRAC, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_open(m, KVS_OP_OPEN, e, N_EDGE, o->edge, err);
+    /* x W with party 1's weights */
+    if (st == KVS_OK)
+        st = kvs_mpc_weight_setup(m, &w, K, NC, p1 ? in->W : NULL, err);
+    if (st == KVS_OK) {
+        st = kvs_mpc_matmul_w(m, &w, xm, ROWS, mm, err);
+        if (st == KVS_OK)
+            st = kvs_mpc_open(m, KVS_OP_OPEN, mm, ROWS * NC, o->mm, err);
+        if (st == KVS_OK)
+            st = kvs_mpc_trunc(m, KVS_OP_TRUNC, mm, ROWS * NC, FRAC, err);
+        if (st == KVS_OK)
+            st = kvs_mpc_open(m, KVS_OP_OPEN, mm, ROWS * NC, o->mmt, err);
+        kvs_mpc_weight_free(&w);
+    }
+    /* comparisons */
+    uint64_t d[N], mx[N], mr[MR], de[N_EDGE];
+    if (st == KVS_OK)
+        st = kvs_mpc_nonneg(m, KVS_OP_CMP, x, N, d, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_open(m, KVS_OP_OPEN, d, N, o->nonneg, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_input(m, 0, p0 ? in->edge : NULL, N_EDGE, e, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_nonneg(m, KVS_OP_CMP, e, N_EDGE, de, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_open(m, KVS_OP_OPEN, de, N_EDGE, o->edge_nonneg, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_max2(m, KVS_OP_CMP, x, y, N, mx, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_open(m, KVS_OP_OPEN, mx, N, o->max2, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_max_rows(m, KVS_OP_SOFTMAX, x, MR, ML, mr, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_open(m, KVS_OP_OPEN, mr, MR, o->maxr, err);
+    return st;
+}
+
+static void *run_role(void *arg)
+{
+    role_run *r = arg;
+    kvs_error err = {0};
+    kvs_mpc m = {.role = r->role, .frac = FRAC};
+    kvs_status st = kvs_prg_new(own_seed[r->role], &m.own, &err);
+    if (st == KVS_OK && r->role != KVS_MPC_P1)
+        st = kvs_prg_new(seed0, &m.corr[0], &err);
+    if (st == KVS_OK && r->role != KVS_MPC_P0)
+        st = kvs_prg_new(seed1, &m.corr[1], &err);
+    if (r->role == KVS_MPC_DEALER) {
+        if (st == KVS_OK)
+            st = open_chan(r->fd_to[0], 2, 0, &m.to[0], &err);
+        if (st == KVS_OK)
+            st = open_chan(r->fd_to[1], 2, 1, &m.to[1], &err);
+    } else {
+        const int me = (int)r->role;
+        if (st == KVS_OK)
+            st = open_chan(r->fd_dealer, me, 2, &m.dealer, &err);
+        if (st == KVS_OK)
+            st = open_chan(r->fd_peer, me, 1 - me, &m.peer, &err);
+    }
+    if (st == KVS_OK)
+        st = program(&m, r->in, &r->out, &err);
+    if (st == KVS_OK && m.peer)
+        st = kvs_chan_flush(m.peer, &err);
+    if (st == KVS_OK && m.to[1]) {
+        st = kvs_chan_flush(m.to[0], &err);
+        if (st == KVS_OK)
+            st = kvs_chan_flush(m.to[1], &err);
+    }
+    if (m.peer)
+        kvs_chan_stats_get(m.peer, &r->out.stats);
+    r->out.dealer_bytes = m.dealer_bytes;
+    r->st = st;
+    snprintf(r->msg, sizeof r->msg, "%s", err.msg);
+    kvs_chan_close(m.peer);
+    kvs_chan_close(m.dealer);
+    kvs_chan_close(m.to[0]);
+    kvs_chan_close(m.to[1]);
+    kvs_prg_free(m.own);
+    kvs_prg_free(m.corr[0]);
+    kvs_prg_free(m.corr[1]);
+    return NULL;
+}
+
+/* Runs the program on three threads; r[0], r[1]: the parties, r[2]: the dealer. */
+static int run_all(const inputs *in, role_run r[3])
+{
+    int pp[2], d0[2], d1[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, pp) || socketpair(AF_UNIX, SOCK_STREAM, 0, d0) ||
+        socketpair(AF_UNIX, SOCK_STREAM, 0, d1))
+        return -1;
+    r[0] = (role_run){.role = KVS_MPC_P0, .fd_peer = pp[0], .fd_dealer = d0[1], .in = in};
+    r[1] = (role_run){.role = KVS_MPC_P1, .fd_peer = pp[1], .fd_dealer = d1[1], .in = in};
+    r[2] = (role_run){.role = KVS_MPC_DEALER, .fd_to = {d0[0], d1[0]}, .in = in};
+    pthread_t t[3];
+    for (int i = 0; i < 3; i++)
+        if (pthread_create(&t[i], NULL, run_role, &r[i]))
+            return -1;
+    for (int i = 0; i < 3; i++)
+        pthread_join(t[i], NULL);
+    return 0;
+}
+
+int main(void)
+{
+    static inputs in;
+    static role_run r[3];
+    kvs_xoshiro g;
+    kvs_xoshiro_seed(&g, 99);
+    /* values up to 2^20 in magnitude (fixed point with 12 fraction bits: |v| < 256): products
+     * stay below 2^40, far inside the truncation's 2^62 */
+    for (int i = 0; i < N; i++) {
+        in.x[i] = (uint64_t)((int64_t)(kvs_xoshiro_next(&g) % (1u << 21)) - (1 << 20));
+        in.y[i] = (uint64_t)((int64_t)(kvs_xoshiro_next(&g) % (1u << 21)) - (1 << 20));
+    }
+    const int64_t edges[N_EDGE] = {0, -1, 1, 4095, 4096, 4097, -4095, -4096, -4097,
+                                   ((int64_t)1 << 61) - 1, -((int64_t)1 << 61),
+                                   ((int64_t)1 << 62) - 1, -((int64_t)1 << 62), 123456789,
+                                   -987654321, 8191};
+    for (int i = 0; i < N_EDGE; i++)
+        in.edge[i] = (uint64_t)edges[i];
+    for (int i = 0; i < ROWS * K; i++)
+        in.xm[i] = kvs_fx_encode(((int)(kvs_xoshiro_next(&g) % 2001) - 1000) / 250.0, FRAC);
+    for (int i = 0; i < K * NC; i++)
+        in.W[i] = kvs_fx_encode(((int)(kvs_xoshiro_next(&g) % 2001) - 1000) / 500.0, FRAC);
+
+    CHECK(run_all(&in, r) == 0);
+    for (int i = 0; i < 3; i++)
+        CHECKF(r[i].st == KVS_OK, "role %d: %s", i, r[i].msg);
+    if (r[0].st != KVS_OK || r[1].st != KVS_OK || r[2].st != KVS_OK)
+        return check_summary("mpc_gates");
+    int raw = 1, prod = 1, edge = 1, mm = 1, mmt = 1, same = 1;
+    for (int i = 0; i < N; i++) {
+        raw &= r[0].out.raw[i] == in.x[i] * in.y[i];
+        prod &= r[0].out.prod[i] == kvs_fx_mul(in.x[i], in.y[i], FRAC);
+        same &= r[1].out.prod[i] == r[0].out.prod[i];
+    }
+    int first_edge = -1;
+    for (int i = 0; i < N_EDGE; i++)
+        if (r[0].out.edge[i] != kvs_fx_ars(in.edge[i], FRAC) && first_edge < 0) {
+            first_edge = i;
+            edge = 0;
+        }
+    for (int i = 0; i < ROWS; i++)
+        for (int j = 0; j < NC; j++) {
+            uint64_t acc = 0;
+            for (int t = 0; t < K; t++)
+                acc += in.xm[i * K + t] * in.W[t * NC + j];
+            mm &= r[0].out.mm[i * NC + j] == acc;
+            mmt &= r[0].out.mmt[i * NC + j] == kvs_fx_ars(acc, FRAC);
+        }
+    int nn = 1, m2 = 1, mxr = 1, enn = 1;
+    for (int i = 0; i < N; i++) {
+        nn &= r[0].out.nonneg[i] == ((int64_t)in.x[i] >= 0);
+        const int64_t a = (int64_t)in.x[i], b = (int64_t)in.y[i];
+        m2 &= r[0].out.max2[i] == (uint64_t)(a > b ? a : b);
+    }
+    for (int i = 0; i < N_EDGE; i++)
+        enn &= r[0].out.edge_nonneg[i] == (edges[i] >= 0);
+    for (int i = 0; i < MR; i++) {
+        int64_t best = (int64_t)in.x[i * ML];
+        for (int j = 1; j < ML; j++)
+            best = (int64_t)in.x[i * ML + j] > best ? (int64_t)in.x[i * ML + j] : best;
+        mxr &= r[0].out.maxr[i] == (uint64_t)best;
+    }
+    CHECKF(nn, "[x >= 0] differs from the emulator");
+    CHECKF(enn, "[x >= 0] of the edge values differs");
+    CHECKF(m2, "max(x, y) differs");
+    CHECKF(mxr, "row maxima differ");
+    CHECKF(r[0].out.stats.rounds[KVS_OP_SOFTMAX] == 2 * 5, "row maxima of %d: %llu rounds, "
+           "expected 2 per level x 5 levels", ML,
+           (unsigned long long)r[0].out.stats.rounds[KVS_OP_SOFTMAX]);
+    CHECKF(raw, "Beaver product differs from x y mod 2^64");
+    CHECKF(prod, "truncated product differs from the emulator");
+    CHECKF(same, "the parties opened different values");
+    CHECKF(edge, "truncation of edge value %lld: got %lld, emulator %lld",
+           first_edge < 0 ? 0LL : (long long)edges[first_edge],
+           first_edge < 0 ? 0LL : (long long)r[0].out.edge[first_edge],
+           first_edge < 0 ? 0LL : (long long)kvs_fx_ars(in.edge[first_edge], FRAC));
+    CHECKF(mm, "weight product differs from x W mod 2^64");
+    CHECKF(mmt, "truncated weight product differs from the emulator");
+    /* what went between the parties: party 0 sent ROWS x K words for the weight product, party
+     * 1 the masked weights once; each truncation opened one word per value from each side */
+    const kvs_chan_stats *s0 = &r[0].out.stats, *s1 = &r[1].out.stats;
+    CHECKF(s0->sent_payload[KVS_OP_MATMUL] == 8 * ROWS * K && s1->sent_payload[KVS_OP_MATMUL] == 0,
+           "matmul bytes %llu / %llu", (unsigned long long)s0->sent_payload[KVS_OP_MATMUL],
+           (unsigned long long)s1->sent_payload[KVS_OP_MATMUL]);
+    CHECKF(s1->sent_payload[KVS_OP_INPUT] == 8 * (N + K * NC), "party 1 input bytes %llu",
+           (unsigned long long)s1->sent_payload[KVS_OP_INPUT]);
+    CHECKF(s0->sent_payload[KVS_OP_TRUNC] == 8 * (N + N_EDGE + ROWS * NC) &&
+               s0->rounds[KVS_OP_TRUNC] == 3,
+           "trunc: %llu bytes, %llu rounds", (unsigned long long)s0->sent_payload[KVS_OP_TRUNC],
+           (unsigned long long)s0->rounds[KVS_OP_TRUNC]);
+    CHECKF(s0->sent_payload[KVS_OP_MUL] == 16 * N && s0->rounds[KVS_OP_MUL] == 1,
+           "mul: %llu bytes, %llu rounds", (unsigned long long)s0->sent_payload[KVS_OP_MUL],
+           (unsigned long long)s0->rounds[KVS_OP_MUL]);
+    /* dealer material: party 0 gets only FSS keys (its triples and masks come from its stream):
+     * truncations by 12 bits (t12 values) and sign tests (truncations by 62 bits: t62 values,
+     * the max tree of 8 rows of 25 making 12 + 6 + 3 + 2 + 1 comparisons per row); party 1 also
+     * one word per triple, per weight-product output and per truncated value */
+    const uint64_t t12 = N + N_EDGE + ROWS * NC, t62 = N + N_EDGE + N + MR * 24;
+    const uint64_t keys = t12 * (kvs_dcf_key_bytes(FRAC) + kvs_dcf_key_bytes(64)) +
+                          t62 * (kvs_dcf_key_bytes(62) + kvs_dcf_key_bytes(64));
+    const uint64_t words = (N + N + MR * 24) + ROWS * NC + t12 + t62;
+    CHECKF(r[0].out.dealer_bytes == keys, "party 0 dealer bytes %llu, keys %llu",
+           (unsigned long long)r[0].out.dealer_bytes, (unsigned long long)keys);
+    CHECKF(r[1].out.dealer_bytes == keys + 8 * words, "party 1 dealer bytes %llu, expected %llu",
+           (unsigned long long)r[1].out.dealer_bytes, (unsigned long long)(keys + 8 * words));
+    printf("dealer bytes: party 0 %llu, party 1 %llu; DCF key bytes %zu (%d bits), %zu (64)\n",
+           (unsigned long long)r[0].out.dealer_bytes, (unsigned long long)r[1].out.dealer_bytes,
+           kvs_dcf_key_bytes(FRAC), FRAC, kvs_dcf_key_bytes(64));
+    return check_summary("mpc_gates");
+}
