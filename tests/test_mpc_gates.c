@@ -2,12 +2,9 @@
  * (src/mpc/fxp.h), bit for bit: three threads (dealer, party 0, party 1) joined by socket pairs
  * run the same program; the test then compares what the parties opened with what the emulator
  * computes from the inputs, over random and edge values, and checks what each gate sent. */
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include "check.h"
 #include "core/random.h"
@@ -15,6 +12,7 @@
 #include "mpc/fss.h"
 #include "mpc/fxp.h"
 #include "mpc/gates.h"
+#include "mpc/local.h"
 
 enum { N = 200, ROWS = 3, K = 17, NC = 11, FRAC = 12, N_EDGE = 16, MR = 8, ML = 25 };
 
@@ -35,23 +33,11 @@ typedef struct outputs {
     uint64_t dealer_bytes;
 } outputs;
 
-typedef struct role_run {
-    kvs_mpc_role role;
-    int fd_peer, fd_dealer, fd_to[2];
+/* The program's shared context: the inputs and each role's outputs. */
+typedef struct gates_ctx {
     const inputs *in;
-    outputs out;
-    kvs_status st;
-    char msg[600];
-} role_run;
-
-static const uint8_t seed0[16] = {1}, seed1[16] = {2}, own_seed[3][16] = {{3}, {4}, {5}};
-
-static kvs_status open_chan(int fd, int role, int peer, kvs_chan **c, kvs_error *err)
-{
-    kvs_chan_params p = {.insecure_plain = 1, .timeout_ms = 5000, .version = 1,
-                         .ring_bits = 64, .frac_bits = FRAC, .role = role, .peer_role = peer};
-    return kvs_chan_open(fd, &p, c, err);
-}
+    outputs out[3];
+} gates_ctx;
 
 static kvs_status program(kvs_mpc *m, const inputs *in, outputs *o, kvs_error *err)
 {
@@ -114,75 +100,15 @@ static kvs_status program(kvs_mpc *m, const inputs *in, outputs *o, kvs_error *e
     return st;
 }
 
-static void *run_role(void *arg)
+static kvs_status run_program(kvs_mpc *m, void *ctx, kvs_error *err)
 {
-    role_run *r = arg;
-    kvs_error err = {0};
-    kvs_mpc m = {.role = r->role, .frac = FRAC};
-    kvs_status st = kvs_prg_new(own_seed[r->role], &m.own, &err);
-    if (st == KVS_OK && r->role != KVS_MPC_P1)
-        st = kvs_prg_new(seed0, &m.corr[0], &err);
-    if (st == KVS_OK && r->role != KVS_MPC_P0)
-        st = kvs_prg_new(seed1, &m.corr[1], &err);
-    if (r->role == KVS_MPC_DEALER) {
-        if (st == KVS_OK)
-            st = open_chan(r->fd_to[0], 2, 0, &m.to[0], &err);
-        if (st == KVS_OK)
-            st = open_chan(r->fd_to[1], 2, 1, &m.to[1], &err);
-    } else {
-        const int me = (int)r->role;
-        if (st == KVS_OK)
-            st = open_chan(r->fd_dealer, me, 2, &m.dealer, &err);
-        if (st == KVS_OK)
-            st = open_chan(r->fd_peer, me, 1 - me, &m.peer, &err);
-    }
-    if (st == KVS_OK)
-        st = program(&m, r->in, &r->out, &err);
-    if (st == KVS_OK && m.peer)
-        st = kvs_chan_flush(m.peer, &err);
-    if (st == KVS_OK && m.to[1]) {
-        st = kvs_chan_flush(m.to[0], &err);
-        if (st == KVS_OK)
-            st = kvs_chan_flush(m.to[1], &err);
-    }
-    if (m.peer)
-        kvs_chan_stats_get(m.peer, &r->out.stats);
-    r->out.dealer_bytes = m.dealer_bytes;
-    r->st = st;
-    snprintf(r->msg, sizeof r->msg, "%s", err.msg);
-    kvs_chan_close(m.peer);
-    kvs_chan_close(m.dealer);
-    kvs_chan_close(m.to[0]);
-    kvs_chan_close(m.to[1]);
-    kvs_prg_free(m.own);
-    kvs_prg_free(m.corr[0]);
-    kvs_prg_free(m.corr[1]);
-    return NULL;
-}
-
-/* Runs the program on three threads; r[0], r[1]: the parties, r[2]: the dealer. */
-static int run_all(const inputs *in, role_run r[3])
-{
-    int pp[2], d0[2], d1[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, pp) || socketpair(AF_UNIX, SOCK_STREAM, 0, d0) ||
-        socketpair(AF_UNIX, SOCK_STREAM, 0, d1))
-        return -1;
-    r[0] = (role_run){.role = KVS_MPC_P0, .fd_peer = pp[0], .fd_dealer = d0[1], .in = in};
-    r[1] = (role_run){.role = KVS_MPC_P1, .fd_peer = pp[1], .fd_dealer = d1[1], .in = in};
-    r[2] = (role_run){.role = KVS_MPC_DEALER, .fd_to = {d0[0], d1[0]}, .in = in};
-    pthread_t t[3];
-    for (int i = 0; i < 3; i++)
-        if (pthread_create(&t[i], NULL, run_role, &r[i]))
-            return -1;
-    for (int i = 0; i < 3; i++)
-        pthread_join(t[i], NULL);
-    return 0;
+    gates_ctx *g = ctx;
+    return program(m, g->in, &g->out[m->role], err);
 }
 
 int main(void)
 {
     static inputs in;
-    static role_run r[3];
     kvs_xoshiro g;
     kvs_xoshiro_seed(&g, 99);
     /* values up to 2^20 in magnitude (fixed point with 12 fraction bits: |v| < 256): products
@@ -202,11 +128,24 @@ int main(void)
     for (int i = 0; i < K * NC; i++)
         in.W[i] = kvs_fx_encode(((int)(kvs_xoshiro_next(&g) % 2001) - 1000) / 500.0, FRAC);
 
-    CHECK(run_all(&in, r) == 0);
-    for (int i = 0; i < 3; i++)
-        CHECKF(r[i].st == KVS_OK, "role %d: %s", i, r[i].msg);
-    if (r[0].st != KVS_OK || r[1].st != KVS_OK || r[2].st != KVS_OK)
+    static gates_ctx ctx;
+    ctx.in = &in;
+    kvs_mpc_local_cfg cfg = {.frac = FRAC, .insecure_plain = 1,
+                             .corr_seed = {{1}, {2}}, .own_seed = {{3}, {4}, {5}}};
+    kvs_mpc_local_result res[3];
+    kvs_error err = {0};
+    const kvs_status st = kvs_mpc_run_local(run_program, &ctx, &cfg, res, &err);
+    CHECKF(st == KVS_OK, "%s", err.msg);
+    if (st != KVS_OK)
         return check_summary("mpc_gates");
+    struct {
+        outputs out;
+    } r[2];
+    for (int i = 0; i < 2; i++) {
+        r[i].out = ctx.out[i];
+        r[i].out.stats = res[i].peer;
+        r[i].out.dealer_bytes = res[i].dealer_bytes;
+    }
     int raw = 1, prod = 1, edge = 1, mm = 1, mmt = 1, same = 1;
     for (int i = 0; i < N; i++) {
         raw &= r[0].out.raw[i] == in.x[i] * in.y[i];
@@ -284,6 +223,22 @@ int main(void)
            (unsigned long long)r[0].out.dealer_bytes, (unsigned long long)keys);
     CHECKF(r[1].out.dealer_bytes == keys + 8 * words, "party 1 dealer bytes %llu, expected %llu",
            (unsigned long long)r[1].out.dealer_bytes, (unsigned long long)(keys + 8 * words));
+    /* the same program over encrypted channels: the same values, 16 more wire bytes a message */
+    static gates_ctx enc;
+    enc.in = &in;
+    cfg.insecure_plain = 0;
+    kvs_mpc_local_result eres[3];
+    CHECKF(kvs_mpc_run_local(run_program, &enc, &cfg, eres, &err) == KVS_OK, "%s", err.msg);
+    CHECK(!memcmp(enc.out[0].prod, ctx.out[0].prod, sizeof ctx.out[0].prod) &&
+          !memcmp(enc.out[1].mmt, ctx.out[1].mmt, sizeof ctx.out[1].mmt));
+    uint64_t wire_p = 0, wire_e = 0, msgs = 0;
+    for (int op = KVS_OP_INPUT; op < KVS_OP_N; op++) {
+        wire_p += res[0].peer.sent_wire[op];
+        wire_e += eres[0].peer.sent_wire[op];
+        msgs += res[0].peer.msgs_sent[op];
+    }
+    CHECKF(wire_e == wire_p + 16 * msgs, "encrypted wire bytes %llu, plain %llu, %llu messages",
+           (unsigned long long)wire_e, (unsigned long long)wire_p, (unsigned long long)msgs);
     printf("dealer bytes: party 0 %llu, party 1 %llu; DCF key bytes %zu (%d bits), %zu (64)\n",
            (unsigned long long)r[0].out.dealer_bytes, (unsigned long long)r[1].out.dealer_bytes,
            kvs_dcf_key_bytes(FRAC), FRAC, kvs_dcf_key_bytes(64));
