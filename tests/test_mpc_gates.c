@@ -12,13 +12,17 @@
 #include "mpc/fss.h"
 #include "mpc/fxp.h"
 #include "mpc/gates.h"
+#include "mpc/gates_cache.h"
 #include "mpc/local.h"
 
 enum { N = 200, ROWS = 3, K = 17, NC = 11, FRAC = 12, N_EDGE = 16, MR = 8, ML = 25 };
+/* the secret cache: CH KV heads of CD values, CT rows, CG queries per head */
+enum { CH = 2, CD = 4, CT = 5, CG = 3 };
 
 /* The inputs: party 0's x (and the rows of the matrix product), party 1's y and W. */
 typedef struct inputs {
     uint64_t x[N], y[N], edge[N_EDGE], xm[ROWS * K], W[K * NC];
+    uint64_t rows[CT][CH * CD], q[CH * CG * CD], p[CH * CG * CT];
 } inputs;
 
 /* What a party opened. */
@@ -29,6 +33,7 @@ typedef struct outputs {
     uint64_t mm[ROWS * NC], mmt[ROWS * NC]; /* x W, and truncated */
     uint64_t nonneg[N], max2[N], maxr[MR]; /* [x >= 0], max(x, y), row maxima of x */
     uint64_t edge_nonneg[N_EDGE];
+    uint64_t qk[CH * CG * CT], pv[CH * CG * CD];
     kvs_chan_stats stats;
     uint64_t dealer_bytes;
 } outputs;
@@ -97,6 +102,28 @@ static kvs_status program(kvs_mpc *m, const inputs *in, outputs *o, kvs_error *e
         st = kvs_mpc_max_rows(m, KVS_OP_SOFTMAX, x, MR, ML, mr, err);
     if (st == KVS_OK)
         st = kvs_mpc_open(m, KVS_OP_OPEN, mr, MR, o->maxr, err);
+    /* the secret cache: rows appended by party 0's input, products with queries */
+    kvs_mpc_cache cache;
+    kvs_mpc_cache_init(&cache, CH, CD);
+    uint64_t row[CH * CD], q[CH * CG * CD], p[CH * CG * CT], qk[CH * CG * CT], pv[CH * CG * CD];
+    for (int t = 0; t < CT && st == KVS_OK; t++) {
+        st = kvs_mpc_input(m, 0, p0 ? in->rows[t] : NULL, CH * CD, row, err);
+        if (st == KVS_OK)
+            st = kvs_mpc_cache_append(m, KVS_OP_MATMUL, &cache, row, err);
+    }
+    if (st == KVS_OK)
+        st = kvs_mpc_input(m, 1, p1 ? in->q : NULL, CH * CG * CD, q, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_input(m, 1, p1 ? in->p : NULL, CH * CG * CT, p, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_cache_qk(m, KVS_OP_MATMUL, &cache, q, CG, qk, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_open(m, KVS_OP_OPEN, qk, CH * CG * CT, o->qk, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_cache_pv(m, KVS_OP_MATMUL, &cache, p, CG, pv, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_open(m, KVS_OP_OPEN, pv, CH * CG * CD, o->pv, err);
+    kvs_mpc_cache_free(&cache);
     return st;
 }
 
@@ -127,6 +154,13 @@ int main(void)
         in.xm[i] = kvs_fx_encode(((int)(kvs_xoshiro_next(&g) % 2001) - 1000) / 250.0, FRAC);
     for (int i = 0; i < K * NC; i++)
         in.W[i] = kvs_fx_encode(((int)(kvs_xoshiro_next(&g) % 2001) - 1000) / 500.0, FRAC);
+    for (int t = 0; t < CT; t++)
+        for (int i = 0; i < CH * CD; i++)
+            in.rows[t][i] = kvs_xoshiro_next(&g);
+    for (int i = 0; i < CH * CG * CD; i++)
+        in.q[i] = kvs_xoshiro_next(&g);
+    for (int i = 0; i < CH * CG * CT; i++)
+        in.p[i] = kvs_xoshiro_next(&g);
 
     static gates_ctx ctx;
     ctx.in = &in;
@@ -180,6 +214,24 @@ int main(void)
             best = (int64_t)in.x[i * ML + j] > best ? (int64_t)in.x[i * ML + j] : best;
         mxr &= r[0].out.maxr[i] == (uint64_t)best;
     }
+    int cqk = 1, cpv = 1;
+    for (int h = 0; h < CH; h++)
+        for (int gq = 0; gq < CG; gq++) {
+            for (int t = 0; t < CT; t++) {
+                uint64_t acc = 0;
+                for (int i = 0; i < CD; i++)
+                    acc += in.q[(h * CG + gq) * CD + i] * in.rows[t][h * CD + i];
+                cqk &= r[0].out.qk[(h * CG + gq) * CT + t] == acc;
+            }
+            for (int i = 0; i < CD; i++) {
+                uint64_t acc = 0;
+                for (int t = 0; t < CT; t++)
+                    acc += in.p[(h * CG + gq) * CT + t] * in.rows[t][h * CD + i];
+                cpv &= r[0].out.pv[(h * CG + gq) * CD + i] == acc;
+            }
+        }
+    CHECKF(cqk, "secret cache: q K^T differs from plain arithmetic mod 2^64");
+    CHECKF(cpv, "secret cache: p V differs from plain arithmetic mod 2^64");
     CHECKF(nn, "[x >= 0] differs from the emulator");
     CHECKF(enn, "[x >= 0] of the edge values differs");
     CHECKF(m2, "max(x, y) differs");
@@ -199,10 +251,14 @@ int main(void)
     /* what went between the parties: party 0 sent ROWS x K words for the weight product, party
      * 1 the masked weights once; each truncation opened one word per value from each side */
     const kvs_chan_stats *s0 = &r[0].out.stats, *s1 = &r[1].out.stats;
-    CHECKF(s0->sent_payload[KVS_OP_MATMUL] == 8 * ROWS * K && s1->sent_payload[KVS_OP_MATMUL] == 0,
+    /* (the cache: CT appended rows, one query and one weights opening from each side) */
+    const uint64_t cache_words = CT * CH * CD + CH * CG * CD + CH * CG * CT;
+    CHECKF(s0->sent_payload[KVS_OP_MATMUL] == 8 * (ROWS * K + cache_words) &&
+               s1->sent_payload[KVS_OP_MATMUL] == 8 * cache_words,
            "matmul bytes %llu / %llu", (unsigned long long)s0->sent_payload[KVS_OP_MATMUL],
            (unsigned long long)s1->sent_payload[KVS_OP_MATMUL]);
-    CHECKF(s1->sent_payload[KVS_OP_INPUT] == 8 * (N + K * NC), "party 1 input bytes %llu",
+    CHECKF(s1->sent_payload[KVS_OP_INPUT] == 8 * (N + K * NC + CH * CG * (CD + CT)),
+           "party 1 input bytes %llu",
            (unsigned long long)s1->sent_payload[KVS_OP_INPUT]);
     CHECKF(s0->sent_payload[KVS_OP_TRUNC] == 8 * (N + N_EDGE + ROWS * NC) &&
                s0->rounds[KVS_OP_TRUNC] == 3,
@@ -218,7 +274,7 @@ int main(void)
     const uint64_t t12 = N + N_EDGE + ROWS * NC, t62 = N + N_EDGE + N + MR * 24;
     const uint64_t keys = t12 * (kvs_dcf_key_bytes(FRAC) + kvs_dcf_key_bytes(64)) +
                           t62 * (kvs_dcf_key_bytes(62) + kvs_dcf_key_bytes(64));
-    const uint64_t words = (N + N + MR * 24) + ROWS * NC + t12 + t62;
+    const uint64_t words = (N + N + MR * 24) + ROWS * NC + t12 + t62 + CH * CG * (CT + CD);
     CHECKF(r[0].out.dealer_bytes == keys, "party 0 dealer bytes %llu, keys %llu",
            (unsigned long long)r[0].out.dealer_bytes, (unsigned long long)keys);
     CHECKF(r[1].out.dealer_bytes == keys + 8 * words, "party 1 dealer bytes %llu, expected %llu",

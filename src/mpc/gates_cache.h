@@ -1,0 +1,37 @@
+/* The secret KV cache of the two-party engine: rows appended one token at a time, each opened
+ * once under a fresh dealer mask (E = row - B: uniform to both parties), so that a product with a
+ * later query costs one opening of the query's masked copy, not of the whole cache. For a shared
+ * x and a cached M = E + B: x M^T = x E^T (local, E public) + (x - A) B^T + A B^T, with A a fresh
+ * dealer mask and A B^T handed out by the dealer as shares. */
+#ifndef KVS_MPC_GATES_CACHE_H
+#define KVS_MPC_GATES_CACHE_H
+
+#include "mpc/mpc.h"
+
+typedef struct kvs_mpc_cache {
+    int heads, d;    /* KV heads, values per row and head */
+    size_t len, cap; /* rows per head */
+    uint64_t *E;     /* parties: masked rows, [row][head][d] */
+    uint64_t *B;     /* parties: their share of the masks; the dealer: the masks */
+} kvs_mpc_cache;
+
+void kvs_mpc_cache_init(kvs_mpc_cache *c, int heads, int d);
+void kvs_mpc_cache_free(kvs_mpc_cache *c);
+
+/* Appends one row per head (rows: heads x d shares; NULL for the dealer): one opening of
+ * heads x d words. */
+kvs_status kvs_mpc_cache_append(kvs_mpc *m, kvs_mpc_op op, kvs_mpc_cache *c,
+                                const uint64_t *rows, kvs_error *err);
+
+/* out[h][g][t] = sum_i x[h][g][i] M[h][t][i] (mod 2^64, no truncation) for G queries per head
+ * (x: heads x G x d; out: heads x G x len): one opening of heads x G x d words; the dealer sends
+ * party 1 heads x G x len words. */
+kvs_status kvs_mpc_cache_qk(kvs_mpc *m, kvs_mpc_op op, const kvs_mpc_cache *c,
+                            const uint64_t *x, int G, uint64_t *out, kvs_error *err);
+
+/* out[h][g][i] = sum_t p[h][g][t] M[h][t][i] (p: heads x G x len; out: heads x G x d): one
+ * opening of heads x G x len words; the dealer sends party 1 heads x G x d words. */
+kvs_status kvs_mpc_cache_pv(kvs_mpc *m, kvs_mpc_op op, const kvs_mpc_cache *c,
+                            const uint64_t *p, int G, uint64_t *out, kvs_error *err);
+
+#endif
