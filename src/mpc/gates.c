@@ -39,6 +39,19 @@ kvs_status kvs_mpc_open(kvs_mpc *m, kvs_mpc_op op, const uint64_t *share, size_t
     return st;
 }
 
+kvs_status kvs_mpc_reveal(kvs_mpc *m, kvs_mpc_op op, int to, const uint64_t *share, size_t n,
+                          uint64_t *out, kvs_error *err)
+{
+    if (kvs_mpc_is_dealer(m))
+        return KVS_OK;
+    if ((int)m->role != to)
+        return kvs_chan_send(m->peer, op, share, n * sizeof *share, err);
+    kvs_status st = kvs_chan_recv(m->peer, op, out, n * sizeof *out, err);
+    for (size_t i = 0; st == KVS_OK && i < n; i++)
+        out[i] += share[i];
+    return st;
+}
+
 kvs_status kvs_mpc_mul(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, const uint64_t *y,
                        size_t n, uint64_t *z, kvs_error *err)
 {

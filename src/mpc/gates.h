@@ -18,6 +18,11 @@ kvs_status kvs_mpc_input(kvs_mpc *m, int owner, const uint64_t *x, size_t n, uin
 kvs_status kvs_mpc_open(kvs_mpc *m, kvs_mpc_op op, const uint64_t *share, size_t n,
                         uint64_t *out, kvs_error *err);
 
+/* Only party `to` learns the n values: the other party sends its shares (half a round); out:
+ * party `to` only. */
+kvs_status kvs_mpc_reveal(kvs_mpc *m, kvs_mpc_op op, int to, const uint64_t *share, size_t n,
+                          uint64_t *out, kvs_error *err);
+
 /* z = x y elementwise mod 2^64 (no truncation): one Beaver triple each, one round. z may
  * alias x or y. */
 kvs_status kvs_mpc_mul(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, const uint64_t *y,
