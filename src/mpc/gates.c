@@ -19,10 +19,18 @@ kvs_status kvs_mpc_input(kvs_mpc *m, int owner, const uint64_t *x, size_t n, uin
         return KVS_OK;
     if ((int)m->role != owner)
         return kvs_chan_recv(m->peer, KVS_OP_INPUT, share, n * sizeof *share, err);
-    kvs_prg_u64(m->own, share, n); /* the peer's share */
-    kvs_status st = kvs_chan_send(m->peer, KVS_OP_INPUT, share, n * sizeof *share, err);
+    uint64_t *s = malloc(sizeof *s * (n ? n : 1)); /* the peer's share (x may alias share) */
+    if (!s)
+        return no_memory(err, "an input", n);
+    kvs_prg_u64(m->own, s, n);
+    kvs_status st = kvs_chan_send(m->peer, KVS_OP_INPUT, s, n * sizeof *s, err);
+    /* a gate that ends on a send flushes it: the peer may wait for it while this party waits
+     * for the dealer, and the dealer for room to write to the peer */
+    if (st == KVS_OK)
+        st = kvs_chan_flush(m->peer, err);
     for (size_t i = 0; i < n; i++)
-        share[i] = x[i] - share[i];
+        share[i] = x[i] - s[i];
+    free(s);
     return st;
 }
 
@@ -44,8 +52,10 @@ kvs_status kvs_mpc_reveal(kvs_mpc *m, kvs_mpc_op op, int to, const uint64_t *sha
 {
     if (kvs_mpc_is_dealer(m))
         return KVS_OK;
-    if ((int)m->role != to)
-        return kvs_chan_send(m->peer, op, share, n * sizeof *share, err);
+    if ((int)m->role != to) {
+        kvs_status st = kvs_chan_send(m->peer, op, share, n * sizeof *share, err);
+        return st == KVS_OK ? kvs_chan_flush(m->peer, err) : st;
+    }
     kvs_status st = kvs_chan_recv(m->peer, op, out, n * sizeof *out, err);
     for (size_t i = 0; st == KVS_OK && i < n; i++)
         out[i] += share[i];
@@ -183,6 +193,8 @@ kvs_status kvs_mpc_weight_setup(kvs_mpc *m, kvs_mpc_weight *w, size_t k, size_t 
         for (size_t i = 0; i < kn; i++)
             wm[i] = W[i] - w->B[i];
         st = kvs_chan_send(m->peer, KVS_OP_INPUT, wm, sizeof *wm * kn, err);
+        if (st == KVS_OK)
+            st = kvs_chan_flush(m->peer, err);
         free(wm);
     } else {
         w->Wm = buf;
@@ -235,6 +247,8 @@ kvs_status kvs_mpc_matmul_w(kvs_mpc *m, const kvs_mpc_weight *w, const uint64_t 
         for (size_t i = 0; i < rows * k; i++)
             D[i] = x[i] - A[i];
         st = kvs_chan_send(m->peer, KVS_OP_MATMUL, D, sizeof *D * rows * k, err);
+        if (st == KVS_OK)
+            st = kvs_chan_flush(m->peer, err);
         matmul_add(x, w->Wm, rows, k, n, y);
     } else if (st == KVS_OK && m->role == KVS_MPC_P1) {
         /* y1 = x1 W + D B + C1 */

@@ -10,7 +10,7 @@
 #include "mpc/mpc.h"
 
 /* owner's n values x become shares: the owner keeps x - s and sends s, drawn from its private
- * stream (op KVS_OP_INPUT). The other party passes x = NULL. */
+ * stream (op KVS_OP_INPUT). The other party passes x = NULL. share may alias x. */
 kvs_status kvs_mpc_input(kvs_mpc *m, int owner, const uint64_t *x, size_t n, uint64_t *share,
                          kvs_error *err);
 

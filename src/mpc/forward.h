@@ -1,0 +1,49 @@
+/* The Llama forward pass on secret shares (one token per step, full KV cache): party 1 holds
+ * the weights, party 0 the tokens, and both learn only what a step reveals (the logits to party
+ * 0, or nothing but the next token). Every role runs the same calls; the dealer's hold only
+ * shapes and its masks. Norm weights are folded into the matrices that follow them (party 1's
+ * own weights), so RMSNorm is a reciprocal square root and a product. */
+#ifndef KVS_MPC_FORWARD_H
+#define KVS_MPC_FORWARD_H
+
+#include "mpc/gates.h"
+#include "mpc/gates_cache.h"
+#include "model/llama.h"
+
+/* The public shape of the model (all three roles know it). */
+typedef struct kvs_mpc_shape {
+    int dim, hidden, n_layers, n_heads, n_kv_heads, head_dim, rot_dim, vocab, neox;
+    double eps, rope_base;
+} kvs_mpc_shape;
+
+typedef struct kvs_mpc_layer {
+    kvs_mpc_weight qkv; /* dim x (dim + 2 kv_dim), attention norm folded in */
+    kvs_mpc_weight wo;  /* dim x dim */
+    kvs_mpc_weight w13; /* dim x 2 hidden: gate then up, ffn norm folded in */
+    kvs_mpc_weight w2;  /* hidden x dim */
+    kvs_mpc_cache k, v;
+} kvs_mpc_layer;
+
+typedef struct kvs_mpc_llama {
+    kvs_mpc_shape s;
+    kvs_mpc_weight emb; /* vocab x dim */
+    kvs_mpc_weight out; /* dim x vocab, output norm folded in */
+    kvs_mpc_layer *layers;
+    int pos;            /* tokens processed */
+} kvs_mpc_llama;
+
+/* The shape of a loaded model. */
+void kvs_mpc_shape_of(const struct kvs_model *model, kvs_mpc_shape *s);
+
+/* Sets up the secret model: party 1 passes its model (its weights become fixed point and are
+ * masked, party 0 receives the masked copies once); the others pass NULL and the shape. */
+kvs_status kvs_mpc_llama_setup(kvs_mpc *m, const struct kvs_model *model,
+                               const kvs_mpc_shape *s, kvs_mpc_llama *out, kvs_error *err);
+void kvs_mpc_llama_free(kvs_mpc_llama *L);
+
+/* One step: party 0's token (the others pass -1; only party 0's value is read) at position
+ * L->pos; logits: shares of the vocab logits in fixed point (parties; NULL for the dealer). */
+kvs_status kvs_mpc_llama_step(kvs_mpc *m, kvs_mpc_llama *L, int32_t token, uint64_t *logits,
+                              kvs_error *err);
+
+#endif
