@@ -16,7 +16,10 @@
  *   eval/layer_similarity.h  adjacent-layer K/V similarity (layersim)
  *   eval/plan.h          eval's runs: specs x budgets, labels, equal-memory runs
  *   eval/recall.h        eval --task recall: answer files, one prompt's run
- *   eval/opcount.h       eval --task opcount: the MPC op-count model */
+ *   eval/opcount.h       eval --task opcount: the MPC op-count model
+ *   mpc/session.h        mpc: one role of a two-party session over TCP, its cost model
+ *   mpc/net.h, mpc/ops.h mpc: listening sockets, keys, op names
+ *   mpc/fxp.h            mpc: fixed-point decoding */
 #ifndef KVSLIM_TOOLS_H
 #define KVSLIM_TOOLS_H
 
@@ -36,5 +39,9 @@
 #include "kv/policy.h"
 #include "policies/registry.h"
 #include "model/llama_write.h"
+#include "mpc/fxp.h"
+#include "mpc/net.h"
+#include "mpc/ops.h"
+#include "mpc/session.h"
 
 #endif

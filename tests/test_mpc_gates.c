@@ -95,11 +95,11 @@ static kvs_status program(kvs_mpc *m, const inputs *in, outputs *o, kvs_error *e
     if (st == KVS_OK)
         st = kvs_mpc_open(m, KVS_OP_OPEN, de, N_EDGE, o->edge_nonneg, err);
     if (st == KVS_OK)
-        st = kvs_mpc_max2(m, KVS_OP_CMP, x, y, N, mx, err);
+        st = kvs_mpc_max2(m, KVS_OP_CMP, x, y, N, 64, mx, err);
     if (st == KVS_OK)
         st = kvs_mpc_open(m, KVS_OP_OPEN, mx, N, o->max2, err);
     if (st == KVS_OK)
-        st = kvs_mpc_max_rows(m, KVS_OP_SOFTMAX, x, MR, ML, mr, err);
+        st = kvs_mpc_max_rows(m, KVS_OP_SOFTMAX, x, MR, ML, 23, mr, err);
     if (st == KVS_OK)
         st = kvs_mpc_open(m, KVS_OP_OPEN, mr, MR, o->maxr, err);
     /* the secret cache: rows appended by party 0's input, products with queries */
@@ -268,12 +268,14 @@ int main(void)
            "mul: %llu bytes, %llu rounds", (unsigned long long)s0->sent_payload[KVS_OP_MUL],
            (unsigned long long)s0->rounds[KVS_OP_MUL]);
     /* dealer material: party 0 gets only FSS keys (its triples and masks come from its stream):
-     * truncations by 12 bits (t12 values) and sign tests (truncations by 62 bits: t62 values,
-     * the max tree of 8 rows of 25 making 12 + 6 + 3 + 2 + 1 comparisons per row); party 1 also
+     * truncations by 12 bits (t12 values) and sign tests (one DCF over 63 bits: t62 values,
+     * the max tree of 8 rows of 25 making 12 + 6 + 3 + 2 + 1 comparisons per row, over 23
+     * bits: x is below 2^20 in magnitude, differences below 2^21); party 1 also
      * one word per triple, per weight-product output and per truncated value */
     const uint64_t t12 = N + N_EDGE + ROWS * NC, t62 = N + N_EDGE + N + MR * 24;
     const uint64_t keys = t12 * (kvs_dcf_key_bytes(FRAC) + kvs_dcf_key_bytes(64)) +
-                          t62 * (kvs_dcf_key_bytes(62) + kvs_dcf_key_bytes(64));
+                          (t62 - MR * 24) * kvs_dcf_key_bytes(63) +
+                          MR * 24 * kvs_dcf_key_bytes(22);
     const uint64_t words = (N + N + MR * 24) + ROWS * NC + t12 + t62 + CH * CG * (CT + CD);
     CHECKF(r[0].out.dealer_bytes == keys, "party 0 dealer bytes %llu, keys %llu",
            (unsigned long long)r[0].out.dealer_bytes, (unsigned long long)keys);

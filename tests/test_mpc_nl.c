@@ -201,7 +201,7 @@ static void make_inputs(nl_ctx *c, int f, kvs_xoshiro *r)
 /* The expected costs of each gate for party b (online rounds, bytes sent, dealer bytes). */
 static gate_cost expected(int g, int f, size_t n, int b)
 {
-    const uint64_t dcf64 = kvs_dcf_key_bytes(64), cmp = kvs_dcf_key_bytes(62) + dcf64;
+    const uint64_t dcf64 = kvs_dcf_key_bytes(64), cmp = kvs_dcf_key_bytes(63);
     const uint64_t w = b ? 8 : 0; /* party 1's word per triple / truncation */
     gate_cost c = {0, 0, 0};
     if (g <= G_LUT16) {

@@ -36,7 +36,8 @@ typedef struct flag_def {
 } flag_def;
 
 #define ALL (CMD_RUN | CMD_LOGITS | CMD_TOKENIZE | CMD_CONVERT | CMD_BENCH | CMD_EVAL | CMD_LAYERSIM | \
-             CMD_EVAL_RECALL | CMD_EVAL_OPCOUNT)
+             CMD_EVAL_RECALL | CMD_EVAL_OPCOUNT | CMD_MPC | CMD_MPC_DEALER | CMD_MPC_PARTY)
+#define MPC_ALL (CMD_MPC | CMD_MPC_DEALER | CMD_MPC_PARTY)
 #define SESSION (CMD_RUN | CMD_LOGITS | CMD_BENCH | CMD_EVAL | CMD_LAYERSIM)
 
 /* A word ending in "..." accepts any value with the part before it as prefix (the value's
@@ -227,6 +228,61 @@ static const flag_def flags[] = {
     {FL_JSON, NULL, "--json", K_STRING, "OUT", CMD_EVAL_OPCOUNT, 0, 0, 0, NULL,
      "every field: shape, configuration, table2 and one object per\n"
      "context, budget and method (rows)"},
+    /* mpc run | dealer | party (tools/cmd_mpc.c) */
+    {FL_ROLE, NULL, "--role", K_INT, "0|1", CMD_MPC_PARTY, 0, 1, 0, NULL,
+     "0: the client (owns the prompt), 1: the server (owns the model)"},
+    {FL_MODEL, "-m", "--model", K_STRING, "MODEL", CMD_MPC, 0, 0, 0, NULL,
+     "GGUF model (or llama2.c checkpoint with --tokenizer): party 1's\n"
+     "weights; the run also takes the tokenizer and the model hash\n"
+     "(SHA-256 of this file) from it"},
+    {FL_MODEL, "-m", "--model", K_STRING, "MODEL", CMD_MPC_PARTY, 0, 0, 0, NULL,
+     "party 1: the model it serves; party 0: a model file whose\n"
+     "vocabulary it tokenizes with (its weights are not used) and whose\n"
+     "SHA-256 it expects of party 1's unless --model-hash is given"},
+    {FL_TOKENIZER, NULL, "--tokenizer", K_STRING, "TOK.bin", CMD_MPC | CMD_MPC_PARTY, 0, 0, 0,
+     NULL, "the llama2.c checkpoint's tokenizer (with such a -m)"},
+    {FL_PROMPT, "-p", "--prompt", K_STRING, "TEXT", CMD_MPC | CMD_MPC_PARTY, 0, 0, 0, NULL,
+     "prompt text (BOS is prepended); party 0 only"},
+    {FL_TOKENS, NULL, "--tokens", K_STRING, "FILE", CMD_MPC | CMD_MPC_PARTY, 0, 0, 0, NULL,
+     "instead of -p: token ids, one per line (T of them); party 0 only"},
+    {FL_PROMPT_LEN, NULL, "--prompt-len", K_INT, "P", CMD_MPC | CMD_MPC_PARTY, 1, 1 << 24, 0,
+     NULL,
+     "with --tokens: prefill the first P tokens, feed the rest as\n"
+     "teacher-forced decode steps (their argmax agreement is reported),\n"
+     "then generate N"},
+    {FL_N_PREDICT, "-n", "--n-predict", K_INT, "N", CMD_MPC | CMD_MPC_PARTY, 0, 1 << 24, 0, NULL,
+     "tokens to generate greedily (required; party 0); stops early at\n"
+     "EOS or BOS"},
+    {FL_LISTEN, NULL, "--listen", K_INT, "PORT", CMD_MPC_DEALER, 1, 65535, 0, NULL,
+     "TCP port the parties connect to (every interface)"},
+    {FL_LISTEN, NULL, "--listen", K_INT, "PORT", CMD_MPC_PARTY, 1, 65535, 0, NULL,
+     "accept the other party on this TCP port (every interface)"},
+    {FL_PEER, NULL, "--peer", K_STRING, "HOST:PORT", CMD_MPC_PARTY, 0, 0, 0, NULL,
+     "instead of --listen: connect to the other party"},
+    {FL_DEALER, NULL, "--dealer", K_STRING, "HOST:PORT", CMD_MPC_PARTY, 0, 0, 0, NULL,
+     "the dealer's address (required)"},
+    {FL_KEY0, NULL, "--key0", K_STRING, "FILE", CMD_MPC_DEALER, 0, 0, 0, NULL,
+     "the key of the link to party 0: 64 hex digits (openssl rand -hex 32)"},
+    {FL_KEY1, NULL, "--key1", K_STRING, "FILE", CMD_MPC_DEALER, 0, 0, 0, NULL,
+     "the key of the link to party 1"},
+    {FL_PEER_KEY, NULL, "--peer-key", K_STRING, "FILE", CMD_MPC_PARTY, 0, 0, 0, NULL,
+     "the key of the party link: 64 hex digits (openssl rand -hex 32)"},
+    {FL_DEALER_KEY, NULL, "--dealer-key", K_STRING, "FILE", CMD_MPC_PARTY, 0, 0, 0, NULL,
+     "the key of this party's link to the dealer (the dealer's --key0\n"
+     "or --key1)"},
+    {FL_MODEL_HASH, NULL, "--model-hash", K_STRING, "HEX", CMD_MPC_DEALER | CMD_MPC_PARTY, 0, 0,
+     0, NULL,
+     "the SHA-256 (64 hex digits, sha256sum) of the model file party 1\n"
+     "must serve (party 0; the dealer checks it when given)"},
+    {FL_FRAC, NULL, "--frac", K_INT, "F", MPC_ALL, 8, 24, 0, NULL,
+     "fixed-point fraction bits in Z_2^64 (default 16; every role the same)"},
+    {FL_INSECURE_PLAIN, NULL, "--insecure-plain", K_NONE, NULL, MPC_ALL, 0, 0, 0, NULL,
+     "channels without encryption or authentication: loopback\n"
+     "measurements only (every role the same)"},
+    {FL_TIMEOUT, NULL, "--timeout", K_INT, "S", MPC_ALL, 1, 86400, 0, NULL,
+     "seconds to wait for a connection or a message (default 30)"},
+    {FL_JSON, NULL, "--json", K_STRING, "OUT", CMD_MPC | CMD_MPC_PARTY, 0, 0, 0, NULL,
+     "the text, tokens and cost table as JSON (party 0)"},
     {FL_VERSION, NULL, "--version", K_NONE, NULL, ALL, 0, 0, 0, NULL, "print the version"},
     {FL_HELP, "-h", "--help", K_NONE, NULL, ALL, 0, 0, 0, NULL, "this help"},
 };

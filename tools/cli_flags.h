@@ -21,6 +21,9 @@ enum {
     CMD_LAYERSIM = 1 << 6,
     CMD_EVAL_RECALL = 1 << 7, /* eval --task recall (tools/cmd_eval_recall.c) */
     CMD_EVAL_OPCOUNT = 1 << 8, /* eval --task opcount (tools/cmd_eval_opcount.c) */
+    CMD_MPC = 1 << 9,          /* mpc run: the three roles on loopback (tools/cmd_mpc.c) */
+    CMD_MPC_DEALER = 1 << 10,  /* mpc dealer: the dealer alone */
+    CMD_MPC_PARTY = 1 << 11,   /* mpc party: party 0 or 1 alone */
 };
 
 /* What a flag means; a command reads its values by these. Two table rows may share an id when
@@ -64,6 +67,18 @@ typedef enum cli_flag_id {
     FL_PROMPTS,
     FL_LIMIT,
     FL_SHAPE,
+    FL_FRAC,
+    FL_INSECURE_PLAIN,
+    FL_TIMEOUT,
+    FL_LISTEN,
+    FL_PEER,
+    FL_DEALER,
+    FL_KEY0,
+    FL_KEY1,
+    FL_PEER_KEY,
+    FL_DEALER_KEY,
+    FL_ROLE,
+    FL_MODEL_HASH,
     FL_COUNT
 } cli_flag_id;
 

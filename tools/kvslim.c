@@ -20,6 +20,7 @@ static const struct {
     {"bench", cmd_bench, "measure prefill and decode speed"},
     {"eval", cmd_eval, "fidelity of KV policies against the full cache"},
     {"layersim", cmd_layersim, "adjacent-layer cosine similarity of K and V"},
+    {"mpc", cmd_mpc, "two-party secure inference (dealer, client, server)"},
 };
 
 static void usage(FILE *f)

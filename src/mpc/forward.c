@@ -221,7 +221,9 @@ static kvs_status softmax(kvs_mpc *m, uint64_t *sc, size_t rows, size_t len, uin
     uint64_t mx[64], sum[64], rc[64];
     if (rows > 64)
         return kvs_fail(err, KVS_ERR_ARG, "softmax of %zu rows at once (at most 64)", rows);
+    /* scores differ by less than 2^11 (in value): a sign test over frac + 12 bits suffices */
     kvs_status st = kvs_mpc_max_rows(m, KVS_OP_SOFTMAX, dealer ? NULL : sc, rows, len,
+                                     m->frac + 12,
                                      dealer ? NULL : mx, err);
     for (size_t r = 0; !dealer && r < rows; r++)
         for (size_t t = 0; t < len; t++)

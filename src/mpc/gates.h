@@ -34,20 +34,27 @@ kvs_status kvs_mpc_mul(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, const uint6
 kvs_status kvs_mpc_trunc(kvs_mpc *m, kvs_mpc_op op, uint64_t *x, size_t n, int f,
                          kvs_error *err);
 
-/* Comparisons, on values with |x| < 2^62 (gates_cmp.c). d = [x >= 0] as 0 or 1: floor(x / 2^62)
- * + 1, the truncation gate at 62 bits (one round). */
+/* Comparisons (gates_cmp.c). d = [x >= 0] as 0 or 1, for x in [-2^(bits-1), 2^(bits-1)) (bits
+ * in [2, 64]; the shares are reduced mod 2^bits locally): the parties open c = (x + r) mod 2^bits
+ * (ceil(bits/8) bytes each way, one round); the sign of x is the top bit of c xor the top bit of
+ * r xor the borrow of the low bits, [c mod 2^(bits-1) < r mod 2^(bits-1)], which one DCF over
+ * bits - 1 bits gives with the dealer's choice of beta = +-1 folding in r's top bit (Boyle et
+ * al. 2021). Fewer bits: smaller keys and messages (the main lever; see ANCHORS.md). */
+kvs_status kvs_mpc_nonneg_bits(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n,
+                               int bits, uint64_t *d, kvs_error *err);
+/* The same over the whole ring (bits = 64). */
 kvs_status kvs_mpc_nonneg(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, uint64_t *d,
                           kvs_error *err);
 /* z = c ? a : b for bits c (0 or 1): b + c (a - b), one product (one round). z may alias. */
 kvs_status kvs_mpc_select(kvs_mpc *m, kvs_mpc_op op, const uint64_t *c, const uint64_t *a,
                           const uint64_t *b, size_t n, uint64_t *z, kvs_error *err);
-/* z = max(a, b) elementwise: two rounds. */
+/* z = max(a, b) elementwise, for |a - b| < 2^(bits-1) (the sign test's width): two rounds. */
 kvs_status kvs_mpc_max2(kvs_mpc *m, kvs_mpc_op op, const uint64_t *a, const uint64_t *b,
-                        size_t n, uint64_t *z, kvs_error *err);
+                        size_t n, int bits, uint64_t *z, kvs_error *err);
 /* The maximum of each of rows rows of len values (x: rows x len), by a tree of max2 over the
  * rows at once: ceil(log2 len) levels of two rounds. out: rows values. */
 kvs_status kvs_mpc_max_rows(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t rows,
-                            size_t len, uint64_t *out, kvs_error *err);
+                            size_t len, int bits, uint64_t *out, kvs_error *err);
 
 /* A weight matrix W (k x n, row-major, fixed point) owned by party 1. Party 1 keeps W and the
  * mask B (from its stream shared with the dealer, which keeps B too); party 0 keeps only

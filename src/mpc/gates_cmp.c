@@ -2,18 +2,79 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mpc/corr.h"
+#include "mpc/fss.h"
 #include "mpc/gates.h"
+
+/* v mod 2^bits */
+static inline uint64_t low_bits(uint64_t v, int bits)
+{
+    return bits >= 64 ? v : v & (((uint64_t)1 << bits) - 1);
+}
+
+kvs_status kvs_mpc_nonneg_bits(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n,
+                               int bits, uint64_t *d, kvs_error *err)
+{
+    if (bits < 2 || bits > 64)
+        return kvs_fail(err, KVS_ERR_ARG, "sign test over %d bits: expected 2 to 64", bits);
+    if (n == 0)
+        return KVS_OK;
+    const int lb = bits - 1, nb = (bits + 7) / 8;
+    const size_t kb = kvs_dcf_key_bytes(lb);
+    uint64_t *w = malloc(sizeof *w * 5 * n);
+    uint8_t *keys = malloc(kb * n), *msg = malloc((size_t)nb * n * 2);
+    if (!w || !keys || !msg) {
+        free(w);
+        free(keys);
+        free(msg);
+        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for %zu sign tests", n);
+    }
+    uint64_t *r = w, *rh = w + n, *alpha = w + 2 * n, *beta = w + 3 * n, *tmp = w + 4 * n;
+    kvs_corr_masks(m, n, r);
+    if (kvs_mpc_is_dealer(m))
+        for (size_t i = 0; i < n; i++) {
+            const uint64_t rr = low_bits(r[i], bits), top = rr >> lb;
+            tmp[i] = top;                                /* shares of r's top bit */
+            alpha[i] = low_bits(rr, lb);                 /* the borrow test */
+            beta[i] = top ? (uint64_t)0 - 1 : 1;         /* top ? 1 - borrow : borrow */
+        }
+    kvs_status st = kvs_corr_shares(m, n, tmp, rh, err);
+    if (st == KVS_OK)
+        st = kvs_corr_dcf(m, lb, n, alpha, beta, keys, err);
+    if (st == KVS_OK && !kvs_mpc_is_dealer(m)) {
+        /* open c = (x + r) mod 2^bits in nb little-endian bytes a value */
+        uint8_t *out = msg, *in = msg + (size_t)nb * n;
+        for (size_t i = 0; i < n; i++) {
+            const uint64_t v = low_bits(x[i] + r[i], bits);
+            for (int j = 0; j < nb; j++)
+                out[i * nb + j] = (uint8_t)(v >> (8 * j));
+        }
+        st = kvs_chan_send(m->peer, op, out, (size_t)nb * n, err);
+        if (st == KVS_OK)
+            st = kvs_chan_recv(m->peer, op, in, (size_t)nb * n, err);
+        const int b = (int)m->role;
+        for (size_t i = 0; st == KVS_OK && i < n; i++) {
+            uint64_t v = 0;
+            for (int j = 0; j < nb; j++)
+                v |= (uint64_t)in[i * nb + j] << (8 * j);
+            const uint64_t c = low_bits(v + x[i] + r[i], bits);
+            /* u = top(r) xor borrow, as shares; msb(x) = top(c) xor u */
+            const uint64_t u = rh[i] + kvs_dcf_eval(b, keys + kb * i, lb, low_bits(c, lb));
+            const uint64_t one = b == 0 ? 1 : 0;
+            const uint64_t msb = (c >> lb) ? one - u : u;
+            d[i] = one - msb;
+        }
+    }
+    free(w);
+    free(keys);
+    free(msg);
+    return st;
+}
 
 kvs_status kvs_mpc_nonneg(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, uint64_t *d,
                           kvs_error *err)
 {
-    if (!kvs_mpc_is_dealer(m) && d != x)
-        memcpy(d, x, sizeof *d * n);
-    kvs_status st = kvs_mpc_trunc(m, op, kvs_mpc_is_dealer(m) ? NULL : d, n, 62, err);
-    if (st == KVS_OK && m->role == KVS_MPC_P0)
-        for (size_t i = 0; i < n; i++)
-            d[i] += 1; /* floor(x / 2^62) is -1 or 0 */
-    return st;
+    return kvs_mpc_nonneg_bits(m, op, x, n, 64, d, err);
 }
 
 kvs_status kvs_mpc_select(kvs_mpc *m, kvs_mpc_op op, const uint64_t *c, const uint64_t *a,
@@ -34,7 +95,7 @@ kvs_status kvs_mpc_select(kvs_mpc *m, kvs_mpc_op op, const uint64_t *c, const ui
 }
 
 kvs_status kvs_mpc_max2(kvs_mpc *m, kvs_mpc_op op, const uint64_t *a, const uint64_t *b,
-                        size_t n, uint64_t *z, kvs_error *err)
+                        size_t n, int bits, uint64_t *z, kvs_error *err)
 {
     uint64_t *d = NULL;
     if (!kvs_mpc_is_dealer(m)) {
@@ -43,7 +104,7 @@ kvs_status kvs_mpc_max2(kvs_mpc *m, kvs_mpc_op op, const uint64_t *a, const uint
         for (size_t i = 0; i < n; i++)
             d[i] = a[i] - b[i];
     }
-    kvs_status st = kvs_mpc_nonneg(m, op, d, n, d, err);
+    kvs_status st = kvs_mpc_nonneg_bits(m, op, d, n, bits, d, err);
     if (st == KVS_OK)
         st = kvs_mpc_select(m, op, d, a, b, n, z, err);
     free(d);
@@ -51,7 +112,7 @@ kvs_status kvs_mpc_max2(kvs_mpc *m, kvs_mpc_op op, const uint64_t *a, const uint
 }
 
 kvs_status kvs_mpc_max_rows(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t rows,
-                            size_t len, uint64_t *out, kvs_error *err)
+                            size_t len, int bits, uint64_t *out, kvs_error *err)
 {
     if (len == 0)
         return kvs_fail(err, KVS_ERR_ARG, "maximum of an empty row");
@@ -76,7 +137,7 @@ kvs_status kvs_mpc_max_rows(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t
                 a[r * half + i] = cur[r * len + 2 * i];
                 b[r * half + i] = cur[r * len + 2 * i + 1];
             }
-        st = kvs_mpc_max2(m, op, a, b, rows * half, a, err);
+        st = kvs_mpc_max2(m, op, a, b, rows * half, bits, a, err);
         for (size_t r = 0; data && st == KVS_OK && r < rows; r++) {
             for (size_t i = 0; i < half; i++)
                 cur[r * len + i] = a[r * half + i];

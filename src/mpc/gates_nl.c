@@ -114,7 +114,7 @@ kvs_status kvs_mpc_exp_neg(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t 
     for (size_t i = 0; w && i < n; i++)
         lo[i] = add_public(m, 0, (uint64_t)(-((int64_t)KVS_FXNL_EXP_MIN << f)));
     /* clip below at -16, then keep 6 fraction bits: an index in [-1024, 0] */
-    kvs_status st = kvs_mpc_max2(m, op, x, lo, n, z, err);
+    kvs_status st = kvs_mpc_max2(m, op, x, lo, n, 64, z, err);
     if (st == KVS_OK)
         st = kvs_mpc_trunc(m, op, z, n, shift, err);
     if (st == KVS_OK) {
