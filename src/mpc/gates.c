@@ -47,6 +47,29 @@ kvs_status kvs_mpc_open(kvs_mpc *m, kvs_mpc_op op, const uint64_t *share, size_t
     return st;
 }
 
+void kvs_mpc_pack(kvs_mpc *m, const uint64_t *v, size_t n, int bits, uint8_t *out)
+{
+    const int nb = (bits + 7) / 8;
+    const uint64_t keep = bits >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << bits) - 1;
+    uint64_t fill[64];
+    for (size_t i = 0; i < n; i++) {
+        if (i % 64 == 0 && keep != ~(uint64_t)0)
+            kvs_prg_u64(m->own, fill, n - i < 64 ? n - i : 64);
+        const uint64_t w = (v[i] & keep) | (keep == ~(uint64_t)0 ? 0 : fill[i % 64] & ~keep);
+        for (int j = 0; j < nb; j++)
+            out[i * nb + j] = (uint8_t)(w >> (8 * j));
+    }
+}
+
+uint64_t kvs_mpc_unpack(const uint8_t *in, size_t i, int bits)
+{
+    const int nb = (bits + 7) / 8;
+    uint64_t w = 0;
+    for (int j = 0; j < nb; j++)
+        w |= (uint64_t)in[i * nb + j] << (8 * j);
+    return bits >= 64 ? w : w & (((uint64_t)1 << bits) - 1);
+}
+
 kvs_status kvs_mpc_reveal(kvs_mpc *m, kvs_mpc_op op, int to, const uint64_t *share, size_t n,
                           uint64_t *out, kvs_error *err)
 {

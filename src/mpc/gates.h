@@ -18,6 +18,14 @@ kvs_status kvs_mpc_input(kvs_mpc *m, int owner, const uint64_t *x, size_t n, uin
 kvs_status kvs_mpc_open(kvs_mpc *m, kvs_mpc_op op, const uint64_t *share, size_t n,
                         uint64_t *out, kvs_error *err);
 
+/* The wire form of n values of `bits` bits (an opening of masked values reduced mod 2^bits):
+ * ceil(bits/8) little-endian bytes a value, the bits above `bits` filled from the party's
+ * private stream, so that every byte on the wire is uniform (the receiver drops them: unpack).
+ * out: n * ceil(bits/8) bytes. */
+void kvs_mpc_pack(kvs_mpc *m, const uint64_t *v, size_t n, int bits, uint8_t *out);
+/* Value i of a packed buffer, reduced mod 2^bits. */
+uint64_t kvs_mpc_unpack(const uint8_t *in, size_t i, int bits);
+
 /* Only party `to` learns the n values: the other party sends its shares (half a round); out:
  * party `to` only. */
 kvs_status kvs_mpc_reveal(kvs_mpc *m, kvs_mpc_op op, int to, const uint64_t *share, size_t n,

@@ -42,22 +42,17 @@ kvs_status kvs_mpc_nonneg_bits(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, siz
     if (st == KVS_OK)
         st = kvs_corr_dcf(m, lb, n, alpha, beta, keys, err);
     if (st == KVS_OK && !kvs_mpc_is_dealer(m)) {
-        /* open c = (x + r) mod 2^bits in nb little-endian bytes a value */
+        /* open c = (x + r) mod 2^bits in nb bytes a value (kvs_mpc_pack) */
         uint8_t *out = msg, *in = msg + (size_t)nb * n;
-        for (size_t i = 0; i < n; i++) {
-            const uint64_t v = low_bits(x[i] + r[i], bits);
-            for (int j = 0; j < nb; j++)
-                out[i * nb + j] = (uint8_t)(v >> (8 * j));
-        }
+        for (size_t i = 0; i < n; i++)
+            tmp[i] = x[i] + r[i];
+        kvs_mpc_pack(m, tmp, n, bits, out);
         st = kvs_chan_send(m->peer, op, out, (size_t)nb * n, err);
         if (st == KVS_OK)
             st = kvs_chan_recv(m->peer, op, in, (size_t)nb * n, err);
         const int b = (int)m->role;
         for (size_t i = 0; st == KVS_OK && i < n; i++) {
-            uint64_t v = 0;
-            for (int j = 0; j < nb; j++)
-                v |= (uint64_t)in[i * nb + j] << (8 * j);
-            const uint64_t c = low_bits(v + x[i] + r[i], bits);
+            const uint64_t c = low_bits(kvs_mpc_unpack(in, i, bits) + x[i] + r[i], bits);
             /* u = top(r) xor borrow, as shares; msb(x) = top(c) xor u */
             const uint64_t u = rh[i] + kvs_dcf_eval(b, keys + kb * i, lb, low_bits(c, lb));
             const uint64_t one = b == 0 ? 1 : 0;

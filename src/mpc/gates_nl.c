@@ -76,20 +76,15 @@ kvs_status kvs_mpc_lut(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, i
         free(keys);
         return no_memory(err, "a table lookup", n);
     }
-    for (size_t i = 0; i < n; i++) {
-        const uint64_t v = (x[i] + r[i]) & mask;
-        c[i] = v;
-        for (size_t k = 0; k < wb; k++)
-            msg[i * wb + k] = (uint8_t)(v >> (8 * k));
-    }
+    for (size_t i = 0; i < n; i++)
+        c[i] = (x[i] + r[i]) & mask;
+    kvs_mpc_pack(m, c, n, nbits, msg); /* random filler above nbits: uniform bytes */
     st = kvs_chan_send(m->peer, op, msg, wb * n, err);
     if (st == KVS_OK)
         st = kvs_chan_recv(m->peer, op, msg + wb * n, wb * n, err);
     const int b = (int)m->role;
     for (size_t i = 0; st == KVS_OK && i < n; i++) {
-        uint64_t v = 0;
-        for (size_t k = 0; k < wb; k++)
-            v |= (uint64_t)msg[wb * n + i * wb + k] << (8 * k);
+        const uint64_t v = kvs_mpc_unpack(msg + wb * n, i, nbits);
         out[i] = kvs_lut_eval(b, keys + kb * i, nbits, (c[i] + v) & mask, table, scratch);
     }
     free(msg);

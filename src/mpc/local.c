@@ -2,6 +2,7 @@
 #include "mpc/local.h"
 
 #include <pthread.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -57,6 +58,8 @@ static void *run_role(void *arg)
     }
     /* channels own their fds from here on (kvs_chan_open closes them on failure too) */
     r->fd_peer = r->fd_dealer = r->fd_to[0] = r->fd_to[1] = -1;
+    if (st == KVS_OK && m.peer && r->cfg->capture)
+        kvs_chan_capture(m.peer, 1);
     if (st == KVS_OK)
         st = r->prog(&m, r->ctx, &err);
     kvs_chan *all[4] = {m.peer, m.dealer, m.to[0], m.to[1]};
@@ -66,6 +69,19 @@ static void *run_role(void *arg)
     kvs_mpc_local_result *res = r->res;
     if (m.peer)
         kvs_chan_stats_get(m.peer, &res->peer);
+    if (m.peer && r->cfg->capture) {
+        size_t n = 0;
+        const uint8_t *p = kvs_chan_captured(m.peer, 0, &n);
+        if (n && (res->payload = malloc(n))) {
+            memcpy(res->payload, p, n);
+            res->payload_len = n;
+        }
+        p = kvs_chan_captured(m.peer, 1, &n);
+        if (n && (res->wire = malloc(n))) {
+            memcpy(res->wire, p, n);
+            res->wire_len = n;
+        }
+    }
     if (m.dealer)
         kvs_chan_stats_get(m.dealer, &res->dealer);
     for (int b = 0; b < 2; b++)
@@ -88,6 +104,14 @@ static void *run_role(void *arg)
     kvs_prg_free(m.corr[1]);
     res->seconds = now() - t0;
     return NULL;
+}
+
+void kvs_mpc_local_result_free(kvs_mpc_local_result *r)
+{
+    free(r->payload);
+    free(r->wire);
+    r->payload = r->wire = NULL;
+    r->payload_len = r->wire_len = 0;
 }
 
 kvs_status kvs_mpc_run_local(kvs_mpc_program prog, void *ctx, const kvs_mpc_local_cfg *cfg,

@@ -16,6 +16,7 @@ typedef struct kvs_mpc_local_cfg {
     uint8_t corr_seed[2][16]; /* party b's stream shared with the dealer */
     uint8_t own_seed[3][16];  /* each role's private stream */
     int timeout_ms;           /* per receive; 0: 10 s */
+    int capture;              /* keep what each party receives from the other (the tests) */
 } kvs_mpc_local_cfg;
 
 /* What one role ended with. */
@@ -26,7 +27,13 @@ typedef struct kvs_mpc_local_result {
     kvs_chan_stats dealer; /* a party: its channel to the dealer; the dealer: both summed */
     uint64_t dealer_bytes;
     double seconds;
+    /* with capture, a party: every payload byte and every wire byte it received from the other
+     * party, in order (malloc'd; kvs_mpc_local_result_free) */
+    uint8_t *payload, *wire;
+    size_t payload_len, wire_len;
 } kvs_mpc_local_result;
+
+void kvs_mpc_local_result_free(kvs_mpc_local_result *r);
 
 /* Runs prog on the three roles; res[0], res[1]: the parties, res[2]: the dealer. Returns
  * KVS_OK when every role did, else the first failure (its message in err). */
