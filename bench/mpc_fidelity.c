@@ -2,7 +2,8 @@
  * token file: every token fed one at a time through the three roles (threads, loopback socket
  * pairs, plain channels), the logits opened after each; top-1 agreement, mean KL(plain || secure)
  * and the largest logit error over the scored rows (rows from --prompt-len on: the README
- * protocol scores t = 384..510 of stories260K-sample-512), with per-token costs. A benchmark,
+ * protocol scores t = 384..510 of stories260K-sample-512), with per-token costs, and the last
+ * scored row's argmax and margin (a recall prompt's answer). A benchmark,
  * not a test (a 512-token run takes minutes).
  *   mpc_fidelity MODEL.gguf TOKENS [PROMPT_LEN (384)] [N_TOKENS (all)] [FRAC (16)] */
 #include <math.h>
@@ -144,6 +145,17 @@ int main(int argc, char **argv)
         }
         kl += k;
     }
+    /* the last row: its argmax and margin (best minus second best), secure and plaintext (a
+     * recall prompt's answer row when the file ends with the answer token) */
+    const float *lp = plain + (size_t)(n - 2) * V, *lq = c.logits + (size_t)(n - 2) * V;
+    const int ap = argmax(lp, V), aq = argmax(lq, V);
+    double mpl = -INFINITY, mql = -INFINITY;
+    for (int i = 0; i < V; i++) {
+        if (i != ap)
+            mpl = fmax(mpl, lp[i]);
+        if (i != aq)
+            mql = fmax(mql, lq[i]);
+    }
     uint64_t online = 0, rounds = 0;
     for (int op = 0; op < KVS_OP_N; op++) {
         online += res[0].peer.sent_payload[op] + res[1].peer.sent_payload[op];
@@ -152,10 +164,12 @@ int main(int argc, char **argv)
     printf("{\"model\": \"%s\", \"tokens\": %d, \"prompt_len\": %d, \"frac\": %d, \"rows\": %d, "
            "\"top1\": %.6f, \"agree\": %d, \"kl_mean\": %.6g, \"max_logit_error\": %.6g, "
            "\"seconds\": %.2f, \"online_bytes_per_token\": %.0f, \"rounds_per_token\": %.1f, "
-           "\"dealer_bytes_per_token\": %.0f}\n",
+           "\"dealer_bytes_per_token\": %.0f, \"last_argmax\": %d, \"last_margin\": %.4f, "
+           "\"last_argmax_plain\": %d, \"last_margin_plain\": %.4f}\n",
            argv[1], n, plen, frac, rows, (double)agree / rows, agree, kl / rows, maxerr, secs,
            (double)online / n, (double)rounds / n,
-           (double)(res[0].dealer_bytes + res[1].dealer_bytes) / n);
+           (double)(res[0].dealer_bytes + res[1].dealer_bytes) / n, aq, lq[aq] - mql, ap,
+           lp[ap] - mpl);
     free(plain);
     free(c.logits);
     free(tok);
