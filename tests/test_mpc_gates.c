@@ -23,6 +23,7 @@ enum { CH = 2, CD = 4, CT = 5, CG = 3 };
 typedef struct inputs {
     uint64_t x[N], y[N], edge[N_EDGE], xm[ROWS * K], W[K * NC];
     uint64_t rows[CT][CH * CD], q[CH * CG * CD], p[CH * CG * CT];
+    uint64_t tied[N]; /* x with ties at the maxima: the first must win */
 } inputs;
 
 /* What a party opened. */
@@ -34,6 +35,7 @@ typedef struct outputs {
     uint64_t nonneg[N], max2[N], maxr[MR]; /* [x >= 0], max(x, y), row maxima of x */
     uint64_t edge_nonneg[N_EDGE];
     uint64_t qk[CH * CG * CT], pv[CH * CG * CD];
+    uint64_t amax[MR], amaxv[MR]; /* argmax of the rows of the tied copy of x, and the max */
     kvs_chan_stats stats;
     uint64_t dealer_bytes;
 } outputs;
@@ -124,6 +126,15 @@ static kvs_status program(kvs_mpc *m, const inputs *in, outputs *o, kvs_error *e
     if (st == KVS_OK)
         st = kvs_mpc_open(m, KVS_OP_OPEN, pv, CH * CG * CD, o->pv, err);
     kvs_mpc_cache_free(&cache);
+    uint64_t t[N], ai[MR], av[MR];
+    if (st == KVS_OK)
+        st = kvs_mpc_input(m, 0, p0 ? in->tied : NULL, N, t, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_argmax_rows(m, KVS_OP_ARGMAX, t, MR, ML, 23, ai, av, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_open(m, KVS_OP_OPEN, ai, MR, o->amax, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_open(m, KVS_OP_OPEN, av, MR, o->amaxv, err);
     return st;
 }
 
@@ -157,6 +168,16 @@ int main(void)
     for (int t = 0; t < CT; t++)
         for (int i = 0; i < CH * CD; i++)
             in.rows[t][i] = kvs_xoshiro_next(&g);
+    /* ties: in each row copy the maximum to a later place (and in row 0 to every place) */
+    memcpy(in.tied, in.x, sizeof in.tied);
+    for (int r = 0; r < MR; r++) {
+        int best = 0;
+        for (int j = 1; j < ML; j++)
+            if ((int64_t)in.tied[r * ML + j] > (int64_t)in.tied[r * ML + best])
+                best = j;
+        for (int j = best + 1; j < ML; j += r == 0 ? 1 : 7)
+            in.tied[r * ML + j] = in.tied[r * ML + best];
+    }
     for (int i = 0; i < CH * CG * CD; i++)
         in.q[i] = kvs_xoshiro_next(&g);
     for (int i = 0; i < CH * CG * CT; i++)
@@ -230,6 +251,15 @@ int main(void)
                 cpv &= r[0].out.pv[(h * CG + gq) * CD + i] == acc;
             }
         }
+    int am = 1;
+    for (int rr = 0; rr < MR; rr++) {
+        int best = 0;
+        for (int j = 1; j < ML; j++)
+            if ((int64_t)in.tied[rr * ML + j] > (int64_t)in.tied[rr * ML + best])
+                best = j;
+        am &= r[0].out.amax[rr] == (uint64_t)best && r[0].out.amaxv[rr] == in.tied[rr * ML + best];
+    }
+    CHECKF(am, "argmax (first of ties) differs from the emulator");
     CHECKF(cqk, "secret cache: q K^T differs from plain arithmetic mod 2^64");
     CHECKF(cpv, "secret cache: p V differs from plain arithmetic mod 2^64");
     CHECKF(nn, "[x >= 0] differs from the emulator");
@@ -275,8 +305,9 @@ int main(void)
     const uint64_t t12 = N + N_EDGE + ROWS * NC, t62 = N + N_EDGE + N + MR * 24;
     const uint64_t keys = t12 * (kvs_dcf_key_bytes(FRAC) + kvs_dcf_key_bytes(64)) +
                           (t62 - MR * 24) * kvs_dcf_key_bytes(63) +
-                          MR * 24 * kvs_dcf_key_bytes(22);
-    const uint64_t words = (N + N + MR * 24) + ROWS * NC + t12 + t62 + CH * CG * (CT + CD);
+                          2 * MR * 24 * kvs_dcf_key_bytes(22); /* max tree and argmax tree */
+    const uint64_t words = (N + N + MR * 24) + ROWS * NC + t12 + t62 + CH * CG * (CT + CD) +
+                           MR * 24 * 3; /* argmax: a sign share and two products a comparison */
     CHECKF(r[0].out.dealer_bytes == keys, "party 0 dealer bytes %llu, keys %llu",
            (unsigned long long)r[0].out.dealer_bytes, (unsigned long long)keys);
     CHECKF(r[1].out.dealer_bytes == keys + 8 * words, "party 1 dealer bytes %llu, expected %llu",

@@ -64,6 +64,14 @@ kvs_status kvs_mpc_max2(kvs_mpc *m, kvs_mpc_op op, const uint64_t *a, const uint
 kvs_status kvs_mpc_max_rows(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t rows,
                             size_t len, int bits, uint64_t *out, kvs_error *err);
 
+/* The index of the maximum of each of rows rows of len values (x: rows x len; the first on
+ * ties), as shares, and the maximum itself (max may be NULL): a tree over (value, index) pairs,
+ * each level one sign test over `bits` bits and one product selecting both (two rounds a
+ * level). For greedy decoding: only the chosen token need be revealed. */
+kvs_status kvs_mpc_argmax_rows(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t rows,
+                               size_t len, int bits, uint64_t *idx, uint64_t *max,
+                               kvs_error *err);
+
 /* A weight matrix W (k x n, row-major, fixed point) owned by party 1. Party 1 keeps W and the
  * mask B (from its stream shared with the dealer, which keeps B too); party 0 keeps only
  * Wm = W - B, which party 1 sends once (op KVS_OP_INPUT): B is uniform and never reused for

@@ -147,3 +147,68 @@ kvs_status kvs_mpc_max_rows(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t
     free(b);
     return st;
 }
+
+kvs_status kvs_mpc_argmax_rows(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t rows,
+                               size_t len, int bits, uint64_t *idx, uint64_t *max,
+                               kvs_error *err)
+{
+    if (len == 0)
+        return kvs_fail(err, KVS_ERR_ARG, "argmax of an empty row");
+    const int data = !kvs_mpc_is_dealer(m);
+    const size_t pairs = rows * (len / 2 + 1);
+    /* v, ix: the row's current candidates; c: the sign bits twice; e: (a - b, ia - ib); z */
+    uint64_t *v = NULL, *ix = NULL, *c = NULL, *e = NULL, *z = NULL;
+    if (data && (!(v = malloc(sizeof *v * rows * len)) || !(ix = malloc(sizeof *ix * rows * len)) ||
+                 !(c = malloc(sizeof *c * 2 * pairs)) || !(e = malloc(sizeof *e * 2 * pairs)) ||
+                 !(z = malloc(sizeof *z * 2 * pairs)))) {
+        free(v);
+        free(ix);
+        free(c);
+        free(e);
+        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for argmax (%zu x %zu)", rows, len);
+    }
+    for (size_t r = 0; data && r < rows; r++)
+        for (size_t i = 0; i < len; i++) {
+            v[r * len + i] = x[r * len + i];
+            ix[r * len + i] = m->role == KVS_MPC_P0 ? i : 0; /* public indices */
+        }
+    kvs_status st = KVS_OK;
+    for (size_t n = len; n > 1 && st == KVS_OK; n = (n + 1) / 2) {
+        const size_t half = n / 2, k = rows * half;
+        for (size_t r = 0; data && r < rows; r++)
+            for (size_t i = 0; i < half; i++) {
+                const size_t a = r * len + 2 * i, b = a + 1, o = r * half + i;
+                e[o] = v[a] - v[b];
+                e[k + o] = ix[a] - ix[b];
+            }
+        /* [a >= b]: the first of equal values wins */
+        st = kvs_mpc_nonneg_bits(m, op, e, k, bits, c, err);
+        for (size_t o = 0; data && st == KVS_OK && o < k; o++)
+            c[k + o] = c[o];
+        if (st == KVS_OK)
+            st = kvs_mpc_mul(m, op, c, e, 2 * k, z, err);
+        for (size_t r = 0; data && st == KVS_OK && r < rows; r++) {
+            for (size_t i = 0; i < half; i++) {
+                const size_t b = r * len + 2 * i + 1, o = r * half + i;
+                const uint64_t nv = v[b] + z[o], ni = ix[b] + z[k + o];
+                v[r * len + i] = nv;
+                ix[r * len + i] = ni;
+            }
+            if (n % 2) {
+                v[r * len + half] = v[r * len + n - 1];
+                ix[r * len + half] = ix[r * len + n - 1];
+            }
+        }
+    }
+    for (size_t r = 0; data && st == KVS_OK && r < rows; r++) {
+        idx[r] = ix[r * len];
+        if (max)
+            max[r] = v[r * len];
+    }
+    free(v);
+    free(ix);
+    free(c);
+    free(e);
+    free(z);
+    return st;
+}
