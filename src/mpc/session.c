@@ -326,18 +326,31 @@ static kvs_status control_recv(kvs_mpc *m, uint8_t *go, kvs_error *err)
     return st;
 }
 
-static int32_t argmax_fx(const uint64_t *v, int n)
+/* The greedy choice of a step: the argmax of the secret logits (the first of ties), computed on
+ * shares and revealed to party 0 alone, which learns the token and nothing else of the logits
+ * (a logit difference stays below 2^11, so the comparisons take frac + 12 bits). *tok: party 0
+ * only. */
+static kvs_status next_token(kvs_mpc *m, const uint64_t *sh, int V, int32_t *tok,
+                             kvs_error *err)
 {
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if ((int64_t)v[i] > (int64_t)v[best])
-            best = i;
-    return best;
+    const int dealer = kvs_mpc_is_dealer(m);
+    uint64_t idx = 0, out = 0;
+    kvs_status st = kvs_mpc_argmax_rows(m, KVS_OP_ARGMAX, dealer ? NULL : sh, 1, (size_t)V,
+                                        m->frac + 12, dealer ? NULL : &idx, NULL, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_reveal(m, KVS_OP_ARGMAX, 0, dealer ? NULL : &idx, 1, &out, err);
+    if (st == KVS_OK && m->role == KVS_MPC_P0) {
+        if (out >= (uint64_t)V)
+            return kvs_fail(err, KVS_ERR_FORMAT, "the revealed token %llu is outside the "
+                            "vocabulary", (unsigned long long)out);
+        *tok = (int32_t)out;
+    }
+    return st;
 }
 
-/* Party 0's loop: steps, reveals, argmax, callbacks. Snapshots at the phase ends. */
+/* Party 0's loop: steps, the secure argmax, callbacks. Snapshots at the phase ends. */
 static kvs_status loop_p0(const kvs_mpc_session_cfg *cfg, kvs_mpc *m, kvs_mpc_llama *L,
-                          uint64_t *sh, uint64_t *out, kvs_mpc_session_result *res, snap *s,
+                          uint64_t *sh, kvs_mpc_session_result *res, snap *s,
                           kvs_error *err)
 {
     const int T = cfg->n_tokens, P = cfg->prompt_len, N = cfg->n_gen, V = L->s.vocab;
@@ -350,15 +363,15 @@ static kvs_status loop_p0(const kvs_mpc_session_cfg *cfg, kvs_mpc *m, kvs_mpc_ll
             (st = kvs_mpc_llama_step(m, L, tok, sh, err)) != KVS_OK)
             return st;
         res->phase[i < P ? KVS_MPC_PHASE_PREFILL : KVS_MPC_PHASE_DECODE].steps++;
-        if (i >= P - 1 &&
-            (st = kvs_mpc_reveal(m, KVS_OP_OPEN, 0, sh, (size_t)V, out, err)) != KVS_OK)
+        int32_t best = -1;
+        if (i >= P - 1 && (st = next_token(m, sh, V, &best, err)) != KVS_OK)
             return st;
         if (i == P - 1)
             take_snap(m, &s[KVS_MPC_PHASE_PREFILL]);
         if (i < T - 1) {
             if (i >= P - 1) {
                 res->forced++;
-                res->forced_top1 += argmax_fx(out, V) == cfg->tokens[i + 1];
+                res->forced_top1 += best == cfg->tokens[i + 1];
             }
             continue;
         }
@@ -366,7 +379,7 @@ static kvs_status loop_p0(const kvs_mpc_session_cfg *cfg, kvs_mpc *m, kvs_mpc_ll
             cfg->on_prefilled(cfg->cb_ctx);
         if (res->n_generated >= N)
             break;
-        const int32_t next = argmax_fx(out, V);
+        const int32_t next = best;
         if (next == cfg->stop_token[0] || next == cfg->stop_token[1]) {
             res->stopped_at_end = 1;
             break;
@@ -397,8 +410,8 @@ static kvs_status loop_other(const kvs_mpc_session_cfg *cfg, kvs_mpc *m, kvs_mpc
         if ((st = kvs_mpc_llama_step(m, L, -1, sh, err)) != KVS_OK)
             return st;
         res->phase[i < P ? KVS_MPC_PHASE_PREFILL : KVS_MPC_PHASE_DECODE].steps++;
-        if (i >= P - 1 && (st = kvs_mpc_reveal(m, KVS_OP_OPEN, 0, sh, sh ? (size_t)L->s.vocab : 0,
-                                               NULL, err)) != KVS_OK)
+        int32_t unused;
+        if (i >= P - 1 && (st = next_token(m, sh, L->s.vocab, &unused, err)) != KVS_OK)
             return st;
         if (i == P - 1)
             take_snap(m, &s[KVS_MPC_PHASE_PREFILL]);
@@ -491,7 +504,7 @@ kvs_status kvs_mpc_session_run(const kvs_mpc_session_cfg *cfg, kvs_mpc_session_r
     kvs_mpc_shape shape;
     memset(&shape, 0, sizeof shape);
     int have_L = 0;
-    uint64_t *sh = NULL, *out = NULL;
+    uint64_t *sh = NULL;
     snap s0, s[KVS_MPC_PHASE_N];
     uint32_t plan[3] = {(uint32_t)cfg->n_tokens, (uint32_t)cfg->prompt_len,
                         (uint32_t)cfg->n_gen};
@@ -519,15 +532,14 @@ kvs_status kvs_mpc_session_run(const kvs_mpc_session_cfg *cfg, kvs_mpc_session_r
     res->n_layers = shape.n_layers;
     if (st == KVS_OK && !kvs_mpc_is_dealer(&m)) {
         sh = malloc(sizeof *sh * (size_t)shape.vocab);
-        out = malloc(sizeof *out * (size_t)shape.vocab);
-        if (!sh || !out)
+        if (!sh)
             st = kvs_fail(err, KVS_ERR_NOMEM, "out of memory for %d logits", shape.vocab);
     }
     if (st == KVS_OK) {
         take_snap(&m, &s[KVS_MPC_PHASE_SETUP]);
         s[KVS_MPC_PHASE_PREFILL] = s[KVS_MPC_PHASE_SETUP]; /* until the prefill ends */
         if (cfg->role == KVS_MPC_P0)
-            st = loop_p0(cfg, &m, &L, sh, out, res, s, err);
+            st = loop_p0(cfg, &m, &L, sh, res, s, err);
         else
             st = loop_other(cfg, &m, &L, (int)plan[1], sh, res, s, err);
     }
@@ -579,7 +591,6 @@ kvs_status kvs_mpc_session_run(const kvs_mpc_session_cfg *cfg, kvs_mpc_session_r
     if (have_L)
         kvs_mpc_llama_free(&L);
     free(sh);
-    free(out);
     kvs_prg_free(m.own);
     kvs_prg_free(m.corr[0]);
     kvs_prg_free(m.corr[1]);

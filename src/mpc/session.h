@@ -15,10 +15,10 @@
  *   5. before each step party 0 sends party 1 and the dealer one control byte (1: a step
  *      follows, 0: the session ends; so the number of generated tokens, stopped early at EOS
  *      or BOS, is public, as in any deployment where the server sees the client's requests);
- *      every role runs kvs_mpc_llama_step; after step i >= P - 1 the logits are revealed to
- *      party 0 only (KVS_OP_OPEN), which takes the argmax (the first of ties): a
- *      teacher-forced check while i < T - 1, else the next token, fed to the next step.
- *      Party 1 never learns a token;
+ *      every role runs kvs_mpc_llama_step; after step i >= P - 1 the argmax of the logits
+ *      (the first of ties) is computed on shares and revealed to party 0 alone (KVS_OP_ARGMAX;
+ *      no logit is revealed): a teacher-forced check while i < T - 1, else the next token,
+ *      fed to the next step. Party 1 never learns a token;
  *   6. party 1 sends party 0 its cost counts (dealer bytes it received and its rounds per
  *      phase: public), so party 0 can report both parties.
  *
