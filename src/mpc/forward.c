@@ -170,11 +170,9 @@ static kvs_status rmsnorm(kvs_mpc *m, const kvs_mpc_shape *s, const uint64_t *x,
     const uint64_t inv_dim = kvs_fx_encode(1.0 / dim, m->frac);
     if (st == KVS_OK)
         st = mul_public(m, KVS_OP_RMSNORM, &ms, &inv_dim, 1, &ms, err);
-    if (m->role == KVS_MPC_P0) {
-        /* eps, at least one unit: 1e-5 is below the resolution of 12-14 fraction bits */
-        uint64_t e = kvs_fx_encode(s->eps, m->frac);
-        ms += e ? e : 1;
-    }
+    /* eps, at least one unit: 1e-5 is below the resolution of 12-14 fraction bits */
+    const uint64_t eps = kvs_fx_encode(s->eps, m->frac);
+    ms = kvs_mpc_add_public(m, ms, eps ? eps : 1);
     if (st == KVS_OK)
         st = kvs_mpc_rsqrt(m, KVS_OP_RMSNORM, dealer ? NULL : &ms, 1, dealer ? NULL : &r, err);
     for (int i = 0; !dealer && i < dim; i++)

@@ -118,12 +118,6 @@ kvs_status kvs_mpc_mul(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, const uint6
     return st;
 }
 
-/* Party 0 adds a public constant to its share; party 1 does nothing. */
-static inline uint64_t add_public(const kvs_mpc *m, uint64_t share, uint64_t v)
-{
-    return m->role == KVS_MPC_P0 ? share + v : share;
-}
-
 kvs_status kvs_mpc_trunc(kvs_mpc *m, kvs_mpc_op op, uint64_t *x, size_t n, int f,
                          kvs_error *err)
 {
@@ -170,7 +164,7 @@ kvs_status kvs_mpc_trunc(kvs_mpc *m, kvs_mpc_op op, uint64_t *x, size_t n, int f
         return st;
     }
     for (size_t i = 0; i < n; i++)
-        tmp[i] = add_public(m, x[i], bias) + r[i];
+        tmp[i] = kvs_mpc_add_public(m, x[i], bias) + r[i];
     st = kvs_mpc_open(m, op, tmp, n, c, err);
     const int b = (int)m->role;
     for (size_t i = 0; st == KVS_OK && i < n; i++) {
@@ -179,7 +173,7 @@ kvs_status kvs_mpc_trunc(kvs_mpc *m, kvs_mpc_op op, uint64_t *x, size_t n, int f
         const uint64_t borrow = kvs_dcf_eval(b, keys + kb_lo * i, f, c[i] & low);
         const uint64_t wrap = kvs_dcf_eval(b, keys + kb_lo * n + kb_hi * i, 64, c[i]);
         uint64_t y = wrap - borrow - rq[i];
-        y = add_public(m, y, (c[i] >> f) - (bias >> f));
+        y = kvs_mpc_add_public(m, y, (c[i] >> f) - (bias >> f));
         x[i] = y;
     }
     free(w);

@@ -15,12 +15,6 @@ static kvs_status no_memory(kvs_error *err, const char *what, size_t n)
     return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for %s (%zu values)", what, n);
 }
 
-/* Party 0 adds a public constant to its share; party 1 does nothing. */
-static inline uint64_t add_public(const kvs_mpc *m, uint64_t share, uint64_t v)
-{
-    return m->role == KVS_MPC_P0 ? share + v : share;
-}
-
 /* n words of workspace for a party (NULL with *ok = 1 for the dealer, which holds no data). */
 static uint64_t *party_words(const kvs_mpc *m, size_t n, int *ok)
 {
@@ -107,7 +101,7 @@ kvs_status kvs_mpc_exp_neg(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t 
     if (!ok)
         return no_memory(err, "an exponential", n);
     for (size_t i = 0; w && i < n; i++)
-        lo[i] = add_public(m, 0, (uint64_t)(-((int64_t)KVS_FXNL_EXP_MIN << f)));
+        lo[i] = kvs_mpc_add_public(m, 0, (uint64_t)(-((int64_t)KVS_FXNL_EXP_MIN << f)));
     /* clip below at -16, then keep 6 fraction bits: an index in [-1024, 0] */
     kvs_status st = kvs_mpc_max2(m, op, x, lo, n, 64, z, err);
     if (st == KVS_OK)
@@ -139,18 +133,18 @@ kvs_status kvs_mpc_silu(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, 
     const uint64_t eight = (uint64_t)KVS_FXNL_SILU_MAX << f;
     for (size_t i = 0; w && i < n; i++) {
         xs[i] = x[i];
-        cmp[i] = add_public(m, x[i], eight);          /* x + 8 */
-        cmp[n + i] = add_public(m, x[i], 0 - eight);  /* x - 8 */
+        cmp[i] = kvs_mpc_add_public(m, x[i], eight);          /* x + 8 */
+        cmp[n + i] = kvs_mpc_add_public(m, x[i], 0 - eight);  /* x - 8 */
     }
     /* d_lo = [x >= -8], d_hi = [x >= 8] in one batch */
     kvs_status st = kvs_mpc_nonneg(m, op, cmp, 2 * n, d, err);
     /* clip(x) = -8 + d_lo (x + 8) - d_hi (x - (8 - ulp)): one batch of two products */
     for (size_t i = 0; w && st == KVS_OK && i < n; i++)
-        cmp[n + i] = add_public(m, cmp[n + i], 1);
+        cmp[n + i] = kvs_mpc_add_public(m, cmp[n + i], 1);
     if (st == KVS_OK)
         st = kvs_mpc_mul(m, op, d, cmp, 2 * n, cmp, err);
     for (size_t i = 0; w && st == KVS_OK && i < n; i++)
-        z[i] = add_public(m, cmp[i] - cmp[n + i], 0 - eight);
+        z[i] = kvs_mpc_add_public(m, cmp[i] - cmp[n + i], 0 - eight);
     if (st == KVS_OK)
         st = kvs_mpc_trunc(m, op, z, n, shift, err);
     if (st == KVS_OK) {
@@ -183,10 +177,10 @@ static kvs_status bucket_guess(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, siz
         return no_memory(err, "a range normalisation", n * k);
     for (size_t i = 0; d && i < n; i++)
         for (size_t j = 0; j < k; j++)
-            d[i * k + j] = add_public(m, x[i], 0 - ((uint64_t)1 << (lo + 1 + (int)j + f)));
+            d[i * k + j] = kvs_mpc_add_public(m, x[i], 0 - ((uint64_t)1 << (lo + 1 + (int)j + f)));
     kvs_status st = kvs_mpc_nonneg(m, op, d, n * k, d, err);
     for (size_t i = 0; d && st == KVS_OK && i < n; i++) {
-        uint64_t acc = add_public(m, 0, guess(lo, f));
+        uint64_t acc = kvs_mpc_add_public(m, 0, guess(lo, f));
         for (size_t j = 0; j < k; j++) {
             const int e = lo + 1 + (int)j;
             acc += d[i * k + j] * (guess(e, f) - guess(e - 1, f));
@@ -219,7 +213,7 @@ kvs_status kvs_mpc_recip(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n,
         if (st == KVS_OK)
             st = kvs_mpc_trunc(m, op, t, n, f, err);
         for (size_t i = 0; w && st == KVS_OK && i < n; i++)
-            t[i] = add_public(m, 0 - t[i], two);
+            t[i] = kvs_mpc_add_public(m, 0 - t[i], two);
         if (st == KVS_OK)
             st = kvs_mpc_mul(m, op, y, t, n, y, err);
         if (st == KVS_OK)
@@ -256,7 +250,7 @@ kvs_status kvs_mpc_rsqrt(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n,
         if (st == KVS_OK)
             st = kvs_mpc_trunc(m, op, t, n, 2 * f, err);
         for (size_t i = 0; w && st == KVS_OK && i < n; i++)
-            t[i] = add_public(m, 0 - t[i], three);
+            t[i] = kvs_mpc_add_public(m, 0 - t[i], three);
         if (st == KVS_OK)
             st = kvs_mpc_mul(m, op, y, t, n, y, err);
         if (st == KVS_OK)

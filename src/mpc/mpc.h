@@ -28,6 +28,13 @@ typedef struct kvs_mpc {
 
 static inline int kvs_mpc_is_dealer(const kvs_mpc *m) { return m->role == KVS_MPC_DEALER; }
 
+/* A share plus a public constant: party 0 adds it, party 1 keeps its share (the constant is then
+ * shared as (v, 0)). */
+static inline uint64_t kvs_mpc_add_public(const kvs_mpc *m, uint64_t share, uint64_t v)
+{
+    return m->role == KVS_MPC_P0 ? share + v : share;
+}
+
 /* The channel a party receives dealer material on, or the dealer's channel to party b. */
 static inline kvs_chan *kvs_mpc_dealer_chan(const kvs_mpc *m, int b)
 {
