@@ -301,12 +301,13 @@ int main(void)
      * truncations by 12 bits (t12 values) and sign tests (one DCF over 63 bits: t62 values,
      * the max tree of 8 rows of 25 making 12 + 6 + 3 + 2 + 1 comparisons per row, over 23
      * bits: x is below 2^20 in magnitude, differences below 2^21); party 1 also
-     * one word per triple, per weight-product output and per truncated value */
+     * one word per triple and per weight-product output, and two per truncated value (its
+     * mask's quotient and top bit) */
     const uint64_t t12 = N + N_EDGE + ROWS * NC, t62 = N + N_EDGE + N + MR * 24;
-    const uint64_t keys = t12 * (kvs_dcf_key_bytes(FRAC) + kvs_dcf_key_bytes(64)) +
+    const uint64_t keys = t12 * kvs_dcf_key_bytes(FRAC) +
                           (t62 - MR * 24) * kvs_dcf_key_bytes(63) +
                           2 * MR * 24 * kvs_dcf_key_bytes(22); /* max tree and argmax tree */
-    const uint64_t words = (N + N + MR * 24) + ROWS * NC + t12 + t62 + CH * CG * (CT + CD) +
+    const uint64_t words = (N + N + MR * 24) + ROWS * NC + 2 * t12 + t62 + CH * CG * (CT + CD) +
                            MR * 24 * 3; /* argmax: a sign share and two products a comparison */
     CHECKF(r[0].out.dealer_bytes == keys, "party 0 dealer bytes %llu, keys %llu",
            (unsigned long long)r[0].out.dealer_bytes, (unsigned long long)keys);

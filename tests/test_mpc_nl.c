@@ -61,6 +61,20 @@ static uint64_t emu_lut16(uint64_t x, int frac)
 
 enum { G_LUT5, G_LUT11, G_LUT16, G_EXP, G_RECIP, G_SILU, G_RSQRT, G_N };
 
+/* exp over the whole ring (its inputs reach -2^61); SiLU at the forward pass's narrower width
+ * (its inputs stay within 2^28 < 2^(f + 19) for f >= 10) */
+static kvs_status exp64(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, uint64_t *out,
+                        kvs_error *err)
+{
+    return kvs_mpc_exp_neg(m, op, x, n, 64, out, err);
+}
+
+static kvs_status silu_narrow(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n,
+                              uint64_t *out, kvs_error *err)
+{
+    return kvs_mpc_silu(m, op, x, n, KVS_MPC_SILU_BITS(m->frac), out, err);
+}
+
 static const struct gate_desc {
     const char *name;
     gate_fn gate;
@@ -69,9 +83,9 @@ static const struct gate_desc {
     {"lut5", lut5, emu_lut5},
     {"lut11", lut11, emu_lut11},
     {"lut16", lut16, emu_lut16},
-    {"exp_neg", kvs_mpc_exp_neg, kvs_fxnl_exp_neg},
+    {"exp_neg", exp64, kvs_fxnl_exp_neg},
     {"recip", kvs_mpc_recip, kvs_fxnl_recip},
-    {"silu", kvs_mpc_silu, kvs_fxnl_silu},
+    {"silu", silu_narrow, kvs_fxnl_silu},
     {"rsqrt", kvs_mpc_rsqrt, kvs_fxnl_rsqrt},
 };
 
@@ -201,8 +215,12 @@ static void make_inputs(nl_ctx *c, int f, kvs_xoshiro *r)
 /* The expected costs of each gate for party b (online rounds, bytes sent, dealer bytes). */
 static gate_cost expected(int g, int f, size_t n, int b)
 {
-    const uint64_t dcf64 = kvs_dcf_key_bytes(64), cmp = kvs_dcf_key_bytes(63);
+    const uint64_t cmp = kvs_dcf_key_bytes(63);
+    /* the narrower sign tests: SiLU's (f + 20 bits), recip's and rsqrt's (f + 21) */
+    const uint64_t cmp_s = kvs_dcf_key_bytes(f + 19), cmp_r = kvs_dcf_key_bytes(f + 20);
+    const uint64_t by_s = (uint64_t)(f + 20 + 7) / 8, by_r = (uint64_t)(f + 21 + 7) / 8;
     const uint64_t w = b ? 8 : 0; /* party 1's word per triple / truncation */
+    const uint64_t wrap = w;      /* a truncation's wrap: the mask's top bit, a word */
     gate_cost c = {0, 0, 0};
     if (g <= G_LUT16) {
         const int bits = g == G_LUT5 ? 5 : g == G_LUT11 ? 11 : 16;
@@ -213,25 +231,25 @@ static gate_cost expected(int g, int f, size_t n, int b)
         /* max2 (sign test + select), truncation by f - 6, 11-bit lookup */
         c.rounds = 4;
         c.sent = 8 + 16 + 8 + 2;
-        c.dealer = cmp + w + w + kvs_dcf_key_bytes(f - 6) + dcf64 + w + kvs_dpf_key_bytes(11);
+        c.dealer = cmp + w + w + kvs_dcf_key_bytes(f - 6) + wrap + w + kvs_dpf_key_bytes(11);
     } else if (g == G_SILU) {
         /* two sign tests, two products, truncation by f - 6, 10-bit lookup, product,
          * truncation by f */
         c.rounds = 6;
-        c.sent = 16 + 32 + 8 + 2 + 16 + 8;
-        c.dealer = 2 * (cmp + w) + 2 * w + kvs_dcf_key_bytes(f - 6) + dcf64 + w +
-                   kvs_dpf_key_bytes(10) + w + kvs_dcf_key_bytes(f) + dcf64 + w;
+        c.sent = 2 * by_s + 32 + 8 + 2 + 16 + 8;
+        c.dealer = 2 * (cmp_s + w) + 2 * w + kvs_dcf_key_bytes(f - 6) + wrap + w +
+                   kvs_dpf_key_bytes(10) + w + kvs_dcf_key_bytes(f) + wrap + w;
     } else if (g == G_RECIP) {
         const uint64_t it = (uint64_t)kvs_fxnl_recip_iters(f);
         c.rounds = 1 + 4 * it;
-        c.sent = 8 * 20 + it * (16 + 8 + 16 + 8);
-        c.dealer = 20 * (cmp + w) + it * (2 * w + 2 * (kvs_dcf_key_bytes(f) + dcf64 + w));
+        c.sent = by_r * 20 + it * (16 + 8 + 16 + 8);
+        c.dealer = 20 * (cmp_r + w) + it * (2 * w + 2 * (kvs_dcf_key_bytes(f) + wrap + w));
     } else {
         const uint64_t it = (uint64_t)kvs_fxnl_rsqrt_iters(f), k = (uint64_t)f + 20;
         c.rounds = 1 + 5 * it;
-        c.sent = 8 * k + it * (3 * 16 + 2 * 8);
-        c.dealer = k * (cmp + w) + it * (3 * w + kvs_dcf_key_bytes(2 * f) + dcf64 + w +
-                                         kvs_dcf_key_bytes(f + 1) + dcf64 + w);
+        c.sent = by_r * k + it * (3 * 16 + 2 * 8);
+        c.dealer = k * (cmp_r + w) + it * (3 * w + kvs_dcf_key_bytes(2 * f) + wrap + w +
+                                         kvs_dcf_key_bytes(f + 1) + wrap + w);
     }
     c.sent *= n;
     c.dealer *= n;
@@ -405,6 +423,6 @@ int main(void)
     CHECK(kvs_mpc_lut(&dummy, KVS_OP_LUT, &v, 1, 17, table16, &v, &err) == KVS_ERR_ARG);
     CHECK(kvs_mpc_lut(&dummy, KVS_OP_LUT, &v, 1, 0, table16, &v, &err) == KVS_ERR_ARG);
     dummy.frac = 5;
-    CHECK(kvs_mpc_exp_neg(&dummy, KVS_OP_LUT, &v, 1, &v, &err) == KVS_ERR_ARG);
+    CHECK(kvs_mpc_exp_neg(&dummy, KVS_OP_LUT, &v, 1, 64, &v, &err) == KVS_ERR_ARG);
     return check_summary("mpc_nl");
 }

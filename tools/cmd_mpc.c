@@ -2,8 +2,10 @@
  * party 1 (the server, the weights) and party 0 (the client, the prompt) as three processes on
  * loopback; `mpc dealer` and `mpc party` run one role each, for separate machines.
  *
- * Test hook (tests/cli/mpc.sh only): KVS_MPC_TEST_KILL=K in the environment makes party 1 kill
- * itself with SIGKILL before its K-th step, to check that the others fail cleanly. */
+ * Test hooks (tests/cli/mpc*.sh only), read from the environment by every role:
+ * KVS_MPC_TEST_KILL=K makes party 1 (=dealer:K: the dealer) kill itself with SIGKILL before its
+ * K-th step, to check that the others fail cleanly; KVS_MPC_TEST_VERSION=V makes the role claim
+ * protocol version V at its handshakes. */
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -260,14 +262,17 @@ static void print_report(FILE *f, const kvs_mpc_session_result *r, int plain, in
     fprintf(f, "channel security costs %s per decode step (GCM tags, %.0f B per message)%s\n",
             cli_bytes(b[0], 32, d.security), (double)KVS_CHAN_TAG_BYTES,
             plain ? ": not paid, --insecure-plain" : "");
-    fprintf(f, "per op, per decode step (party link, both parties; rounds: party 0's):\n");
-    fprintf(f, "  %-10s %14s %8s\n", "op", "bytes", "rounds");
+    fprintf(f, "per op, per decode step (online: party link, both parties; rounds: party 0's; "
+               "dealer: to both parties):\n");
+    fprintf(f, "  %-10s %14s %8s %14s\n", "op", "online bytes", "rounds", "dealer bytes");
     for (int op = 0; op < KVS_OP_N; op++) {
-        const double by = (double)ph[KVS_MPC_PHASE_DECODE].op_bytes[op] / (nd > 0 ? nd : 1),
-                     ro = (double)ph[KVS_MPC_PHASE_DECODE].op_rounds[op] / (nd > 0 ? nd : 1);
-        if (by > 0 || ro > 0)
-            fprintf(f, "  %-10s %14s %8.1f\n", kvs_mpc_op_name((kvs_mpc_op)op),
-                    cli_bytes(b[0], 32, by), ro);
+        const double per = nd > 0 ? 1.0 / nd : 1.0;
+        const double by = (double)ph[KVS_MPC_PHASE_DECODE].op_bytes[op] * per,
+                     ro = (double)ph[KVS_MPC_PHASE_DECODE].op_rounds[op] * per,
+                     de = (double)ph[KVS_MPC_PHASE_DECODE].op_dealer[op] * per;
+        if (by > 0 || ro > 0 || de > 0)
+            fprintf(f, "  %-10s %14s %8.1f %14s\n", kvs_mpc_op_name((kvs_mpc_op)op),
+                    cli_bytes(b[0], 32, by), ro, cli_bytes(b[1], 32, de));
     }
     fflush(f);
 }
@@ -370,7 +375,7 @@ static char *build_json(const kvs_mpc_session_result *r, const p0_out *o, int pl
     for (int op = 0; op < KVS_OP_N; op++) {
         uint64_t any = 0;
         for (int p = 0; p < KVS_MPC_PHASE_N; p++)
-            any |= ph[p].op_bytes[op] | ph[p].op_rounds[op];
+            any |= ph[p].op_bytes[op] | ph[p].op_rounds[op] | ph[p].op_dealer[op];
         if (!any)
             continue;
         fprintf(f, "%s\n    \"%s\": {\"bytes\": ", first ? "" : ",",
@@ -378,6 +383,8 @@ static char *build_json(const kvs_mpc_session_result *r, const p0_out *o, int pl
         cli_json_num(f, nd > 0 ? (double)ph[KVS_MPC_PHASE_DECODE].op_bytes[op] / nd : NAN);
         fputs(", \"rounds\": ", f);
         cli_json_num(f, nd > 0 ? (double)ph[KVS_MPC_PHASE_DECODE].op_rounds[op] / nd : NAN);
+        fputs(", \"dealer_bytes\": ", f);
+        cli_json_num(f, nd > 0 ? (double)ph[KVS_MPC_PHASE_DECODE].op_dealer[op] / nd : NAN);
         fputs(", \"prefill_bytes\": ", f);
         cli_json_num(f, (double)ph[KVS_MPC_PHASE_PREFILL].op_bytes[op]);
         fputs(", \"prefill_rounds\": ", f);
@@ -410,10 +417,24 @@ typedef struct role_job {
     kvs_outfile_spec json;
 } role_job;
 
+/* The test hooks of the header comment, for this role. */
+static void test_hooks(kvs_mpc_session_cfg *cfg)
+{
+    const char *kill = getenv("KVS_MPC_TEST_KILL"), *version = getenv("KVS_MPC_TEST_VERSION");
+    if (kill) {
+        const int dealer = strncmp(kill, "dealer:", 7) == 0;
+        if (cfg->role == (dealer ? KVS_MPC_DEALER : KVS_MPC_P1))
+            cfg->test_kill_step = atoi(kill + (dealer ? 7 : 0));
+    }
+    if (version)
+        cfg->test_version = (uint32_t)strtoul(version, NULL, 10);
+}
+
 /* Runs the session; party 0 prints. Returns the exit code. */
 static int run_role(role_job *j)
 {
     kvs_error err = {0};
+    test_hooks(&j->cfg);
     kvs_mpc_session_result res;
     p0_out o = {.model = j->vocab, .prompt_text = j->prompt_text, .tokens = j->cfg.tokens,
                 .n_tokens = j->cfg.n_tokens};
@@ -637,7 +658,6 @@ static int mpc_run(const cli_args *a)
     memcpy(base.model_hash, hash, 32);
     child kids[3] = {{"the dealer", 0, 0, 0, 0}, {"party 1", 0, 0, 0, 0}, {"party 0", 0, 0, 0, 0}};
     const pid_t parent = getpid();
-    const char *kill_env = getenv("KVS_MPC_TEST_KILL");
     fflush(stdout);
     fflush(stderr);
     for (int k = 0; k < 3; k++) {
@@ -672,7 +692,6 @@ static int mpc_run(const cli_args *a)
             j.cfg.dealer_port = port[2];
             j.cfg.psk_peer = psk[0];
             j.cfg.psk_dealer = psk[2];
-            j.cfg.test_kill_step = kill_env ? atoi(kill_env) : 0;
             close(lfd[1]);
             close(lfd[2]);
             /* the server loads its model itself and hashes its own file */

@@ -9,22 +9,24 @@
 
 /* Dealer to party b: bytes, sent at once (the dealer never receives, so nothing else would
  * flush its channels). */
-static kvs_status dealer_send(kvs_mpc *m, int b, const void *v, size_t n, kvs_error *err)
+static kvs_status dealer_send(kvs_mpc *m, int b, kvs_mpc_op op, const void *v, size_t n,
+                              kvs_error *err)
 {
     m->dealer_bytes += n;
-    kvs_status st = kvs_chan_send(m->to[b], KVS_OP_DEALER, v, n, err);
+    kvs_status st = kvs_chan_send(m->to[b], op, v, n, err);
     return st == KVS_OK ? kvs_chan_flush(m->to[b], err) : st;
 }
 
-static kvs_status send_words(kvs_mpc *m, int b, const uint64_t *v, size_t n, kvs_error *err)
+static kvs_status send_words(kvs_mpc *m, int b, kvs_mpc_op op, const uint64_t *v, size_t n,
+                             kvs_error *err)
 {
-    return dealer_send(m, b, v, n * sizeof *v, err);
+    return dealer_send(m, b, op, v, n * sizeof *v, err);
 }
 
-static kvs_status recv_words(kvs_mpc *m, uint64_t *v, size_t n, kvs_error *err)
+static kvs_status recv_words(kvs_mpc *m, kvs_mpc_op op, uint64_t *v, size_t n, kvs_error *err)
 {
     m->dealer_bytes += n * sizeof *v;
-    return kvs_chan_recv(m->dealer, KVS_OP_DEALER, v, n * sizeof *v, err);
+    return kvs_chan_recv(m->dealer, op, v, n * sizeof *v, err);
 }
 
 static kvs_status no_memory(kvs_error *err, size_t n)
@@ -33,7 +35,7 @@ static kvs_status no_memory(kvs_error *err, size_t n)
                     n);
 }
 
-kvs_status kvs_corr_triples(kvs_mpc *m, size_t n, uint64_t *a, uint64_t *b, uint64_t *c,
+kvs_status kvs_corr_triples(kvs_mpc *m, kvs_mpc_op op, size_t n, uint64_t *a, uint64_t *b, uint64_t *c,
                             kvs_error *err)
 {
     if (m->role == KVS_MPC_P0) {
@@ -45,7 +47,7 @@ kvs_status kvs_corr_triples(kvs_mpc *m, size_t n, uint64_t *a, uint64_t *b, uint
     if (m->role == KVS_MPC_P1) {
         kvs_prg_u64(m->corr[1], a, n);
         kvs_prg_u64(m->corr[1], b, n);
-        return recv_words(m, c, n, err);
+        return recv_words(m, op, c, n, err);
     }
     uint64_t *w = malloc(sizeof *w * 5 * (n ? n : 1));
     if (!w)
@@ -58,7 +60,7 @@ kvs_status kvs_corr_triples(kvs_mpc *m, size_t n, uint64_t *a, uint64_t *b, uint
     kvs_prg_u64(m->corr[1], b1, n);
     for (size_t i = 0; i < n; i++)
         a1[i] = (a0[i] + a1[i]) * (b0[i] + b1[i]) - c0[i]; /* party 1's c, in place */
-    kvs_status st = send_words(m, 1, a1, n, err);
+    kvs_status st = send_words(m, 1, op, a1, n, err);
     free(w);
     return st;
 }
@@ -69,7 +71,7 @@ void kvs_corr_weight_mask(kvs_mpc *m, size_t k, size_t n, uint64_t *B)
         kvs_prg_u64(m->corr[1], B, k * n);
 }
 
-kvs_status kvs_corr_matmul(kvs_mpc *m, size_t rows, size_t k, size_t n, const uint64_t *B,
+kvs_status kvs_corr_matmul(kvs_mpc *m, kvs_mpc_op op, size_t rows, size_t k, size_t n, const uint64_t *B,
                            uint64_t *A, uint64_t *C, kvs_error *err)
 {
     if (m->role == KVS_MPC_P0) {
@@ -78,7 +80,7 @@ kvs_status kvs_corr_matmul(kvs_mpc *m, size_t rows, size_t k, size_t n, const ui
         return KVS_OK;
     }
     if (m->role == KVS_MPC_P1)
-        return recv_words(m, C, rows * n, err);
+        return recv_words(m, op, C, rows * n, err);
     uint64_t *a = malloc(sizeof *a * (rows * k + rows * n + 1));
     if (!a)
         return no_memory(err, rows * (k + n));
@@ -96,7 +98,7 @@ kvs_status kvs_corr_matmul(kvs_mpc *m, size_t rows, size_t k, size_t n, const ui
                 cr[j] += x * bi[j];
         }
     }
-    kvs_status st = send_words(m, 1, c, rows * n, err);
+    kvs_status st = send_words(m, 1, op, c, rows * n, err);
     free(a);
     return st;
 }
@@ -118,7 +120,7 @@ void kvs_corr_masks(kvs_mpc *m, size_t count, uint64_t *r)
     }
 }
 
-kvs_status kvs_corr_shares(kvs_mpc *m, size_t count, const uint64_t *v, uint64_t *share,
+kvs_status kvs_corr_shares(kvs_mpc *m, kvs_mpc_op op, size_t count, const uint64_t *v, uint64_t *share,
                            kvs_error *err)
 {
     if (m->role == KVS_MPC_P0) {
@@ -126,14 +128,14 @@ kvs_status kvs_corr_shares(kvs_mpc *m, size_t count, const uint64_t *v, uint64_t
         return KVS_OK;
     }
     if (m->role == KVS_MPC_P1)
-        return recv_words(m, share, count, err);
+        return recv_words(m, op, share, count, err);
     uint64_t *s = malloc(sizeof *s * (count ? count : 1));
     if (!s)
         return no_memory(err, count);
     kvs_prg_u64(m->corr[0], s, count);
     for (size_t i = 0; i < count; i++)
         s[i] = v[i] - s[i];
-    kvs_status st = send_words(m, 1, s, count, err);
+    kvs_status st = send_words(m, 1, op, s, count, err);
     free(s);
     return st;
 }
@@ -143,14 +145,14 @@ typedef size_t (*key_bytes_fn)(int n);
 typedef void (*key_gen_fn)(int n, uint64_t alpha, uint64_t beta, const uint8_t *s0,
                            const uint8_t *s1, uint8_t *k0, uint8_t *k1);
 
-static kvs_status fss_pairs(kvs_mpc *m, int nbits, size_t count, const uint64_t *alpha,
+static kvs_status fss_pairs(kvs_mpc *m, kvs_mpc_op op, int nbits, size_t count, const uint64_t *alpha,
                             const uint64_t *beta, uint8_t *keys, key_bytes_fn bytes,
                             key_gen_fn gen, kvs_error *err)
 {
     const size_t kb = bytes(nbits), total = kb * count;
     if (m->role != KVS_MPC_DEALER) {
         m->dealer_bytes += total;
-        return kvs_chan_recv(m->dealer, KVS_OP_DEALER, keys, total, err);
+        return kvs_chan_recv(m->dealer, op, keys, total, err);
     }
     uint8_t *k = malloc(2 * total + 1);
     if (!k)
@@ -160,21 +162,21 @@ static kvs_status fss_pairs(kvs_mpc *m, int nbits, size_t count, const uint64_t 
         kvs_prg_bytes(m->own, seeds, sizeof seeds);
         gen(nbits, alpha[i], beta[i], seeds, seeds + 16, k + i * kb, k + total + i * kb);
     }
-    kvs_status st = dealer_send(m, 0, k, total, err);
+    kvs_status st = dealer_send(m, 0, op, k, total, err);
     if (st == KVS_OK)
-        st = dealer_send(m, 1, k + total, total, err);
+        st = dealer_send(m, 1, op, k + total, total, err);
     free(k);
     return st;
 }
 
-kvs_status kvs_corr_dcf(kvs_mpc *m, int nbits, size_t count, const uint64_t *alpha,
+kvs_status kvs_corr_dcf(kvs_mpc *m, kvs_mpc_op op, int nbits, size_t count, const uint64_t *alpha,
                         const uint64_t *beta, uint8_t *keys, kvs_error *err)
 {
-    return fss_pairs(m, nbits, count, alpha, beta, keys, kvs_dcf_key_bytes, kvs_dcf_gen, err);
+    return fss_pairs(m, op, nbits, count, alpha, beta, keys, kvs_dcf_key_bytes, kvs_dcf_gen, err);
 }
 
-kvs_status kvs_corr_dpf(kvs_mpc *m, int nbits, size_t count, const uint64_t *alpha,
+kvs_status kvs_corr_dpf(kvs_mpc *m, kvs_mpc_op op, int nbits, size_t count, const uint64_t *alpha,
                         const uint64_t *beta, uint8_t *keys, kvs_error *err)
 {
-    return fss_pairs(m, nbits, count, alpha, beta, keys, kvs_dpf_key_bytes, kvs_dpf_gen, err);
+    return fss_pairs(m, op, nbits, count, alpha, beta, keys, kvs_dpf_key_bytes, kvs_dpf_gen, err);
 }

@@ -227,7 +227,7 @@ static kvs_status softmax(kvs_mpc *m, uint64_t *sc, size_t rows, size_t len, uin
         for (size_t t = 0; t < len; t++)
             sc[r * len + t] -= mx[r];
     if (st == KVS_OK)
-        st = kvs_mpc_exp_neg(m, KVS_OP_SOFTMAX, dealer ? NULL : sc, rows * len,
+        st = kvs_mpc_exp_neg(m, KVS_OP_SOFTMAX, dealer ? NULL : sc, rows * len, m->frac + 12,
                              dealer ? NULL : sc, err);
     for (size_t r = 0; !dealer && r < rows; r++) {
         sum[r] = 0;
@@ -352,8 +352,8 @@ kvs_status kvs_mpc_llama_step(kvs_mpc *m, kvs_mpc_llama *L, int32_t token, uint6
         if (st == KVS_OK)
             st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : b.h, 2 * hid, m->frac, err);
         if (st == KVS_OK)
-            st = kvs_mpc_silu(m, KVS_OP_SILU, dealer ? NULL : b.h, hid, dealer ? NULL : b.a,
-                              err);
+            st = kvs_mpc_silu(m, KVS_OP_SILU, dealer ? NULL : b.h, hid, KVS_MPC_SILU_BITS(m->frac),
+                              dealer ? NULL : b.a, err);
         if (st == KVS_OK)
             st = kvs_mpc_mul(m, KVS_OP_SILU, dealer ? NULL : b.a, dealer ? NULL : b.h + hid, hid,
                              dealer ? NULL : b.a, err);

@@ -92,7 +92,7 @@ kvs_status kvs_mpc_mul(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, const uint6
     if (!t)
         return no_memory(err, "a product", n);
     uint64_t *a = t, *b = t + n, *c = t + 2 * n, *de = t + 3 * n; /* de: d then e */
-    kvs_status st = kvs_corr_triples(m, n, a, b, c, err);
+    kvs_status st = kvs_corr_triples(m, op, n, a, b, c, err);
     if (st != KVS_OK || kvs_mpc_is_dealer(m)) {
         free(t);
         return st;
@@ -126,22 +126,25 @@ kvs_status kvs_mpc_trunc(kvs_mpc *m, kvs_mpc_op op, uint64_t *x, size_t n, int f
     if (f > 62)
         return kvs_fail(err, KVS_ERR_ARG, "truncation by %d bits: at most 62", f);
     const uint64_t bias = (uint64_t)1 << 62, low = ((uint64_t)1 << f) - 1;
-    const size_t kb_lo = kvs_dcf_key_bytes(f), kb_hi = kvs_dcf_key_bytes(64);
-    /* r: the mask; rq: shares of floor(r / 2^f); alpha/beta: the dealer's DCF parameters */
-    uint64_t *w = malloc(sizeof *w * 6 * n);
-    uint8_t *keys = malloc((kb_lo + kb_hi) * n);
+    const size_t kb = kvs_dcf_key_bytes(f);
+    /* r: the mask; rq: shares of floor(r / 2^f), then of msb(r) 2^(64 - f); alpha/beta: the
+     * dealer's DCF parameters */
+    uint64_t *w = malloc(sizeof *w * 7 * n);
+    uint8_t *keys = malloc(kb * n);
     if (!w || !keys) {
         free(w);
         free(keys);
         return no_memory(err, "a truncation", n);
     }
-    uint64_t *r = w, *rq = w + n, *alpha = w + 2 * n, *beta = w + 3 * n, *c = w + 4 * n,
-             *tmp = w + 5 * n;
+    uint64_t *r = w, *rq = w + n, *alpha = w + 3 * n, *beta = w + 4 * n, *c = w + 5 * n,
+             *tmp = w + 6 * n;
     kvs_corr_masks(m, n, r);
     if (kvs_mpc_is_dealer(m))
-        for (size_t i = 0; i < n; i++)
-            tmp[i] = r[i] >> f;
-    kvs_status st = kvs_corr_shares(m, n, tmp, rq, err);
+        for (size_t i = 0; i < n; i++) {
+            alpha[i] = r[i] >> f;
+            beta[i] = (r[i] >> 63) << (64 - f);
+        }
+    kvs_status st = kvs_corr_shares(m, op, 2 * n, alpha, rq, err); /* alpha, beta are adjacent */
     /* borrow of the low bits: [c mod 2^f < r mod 2^f], as 1 */
     if (st == KVS_OK && kvs_mpc_is_dealer(m))
         for (size_t i = 0; i < n; i++) {
@@ -149,15 +152,7 @@ kvs_status kvs_mpc_trunc(kvs_mpc *m, kvs_mpc_op op, uint64_t *x, size_t n, int f
             beta[i] = 1;
         }
     if (st == KVS_OK)
-        st = kvs_corr_dcf(m, f, n, alpha, beta, keys, err);
-    /* wrap of c = y + r: [c < r], worth 2^(64 - f) after the shift */
-    if (st == KVS_OK && kvs_mpc_is_dealer(m))
-        for (size_t i = 0; i < n; i++) {
-            alpha[i] = r[i];
-            beta[i] = (uint64_t)1 << (64 - f);
-        }
-    if (st == KVS_OK)
-        st = kvs_corr_dcf(m, 64, n, alpha, beta, keys + kb_lo * n, err);
+        st = kvs_corr_dcf(m, op, f, n, alpha, beta, keys, err);
     if (st != KVS_OK || kvs_mpc_is_dealer(m)) {
         free(w);
         free(keys);
@@ -169,9 +164,13 @@ kvs_status kvs_mpc_trunc(kvs_mpc *m, kvs_mpc_op op, uint64_t *x, size_t n, int f
     const int b = (int)m->role;
     for (size_t i = 0; st == KVS_OK && i < n; i++) {
         /* y = x + 2^62 = c - r + wrap 2^64, so floor(y / 2^f) = floor(c / 2^f) - floor(r / 2^f)
-         * - borrow + wrap 2^(64 - f); then remove the bias's 2^(62 - f) */
-        const uint64_t borrow = kvs_dcf_eval(b, keys + kb_lo * i, f, c[i] & low);
-        const uint64_t wrap = kvs_dcf_eval(b, keys + kb_lo * n + kb_hi * i, 64, c[i]);
+         * - borrow + wrap 2^(64 - f); then remove the bias's 2^(62 - f). As y < 2^63, c = y + r
+         * wraps exactly when r's top bit is set and c's is not (r < 2^63 cannot reach 2^64;
+         * r >= 2^63 gives c >= 2^63 without the wrap and c < y < 2^63 with it): the wrap is
+         * the dealer's msb(r) share, kept when c's top bit is clear. No comparison over 64
+         * bits. */
+        const uint64_t borrow = kvs_dcf_eval(b, keys + kb * i, f, c[i] & low);
+        const uint64_t wrap = (c[i] >> 63) ? 0 : rq[n + i];
         uint64_t y = wrap - borrow - rq[i];
         y = kvs_mpc_add_public(m, y, (c[i] >> f) - (bias >> f));
         x[i] = y;
@@ -258,7 +257,7 @@ kvs_status kvs_mpc_matmul_w(kvs_mpc *m, const kvs_mpc_weight *w, const uint64_t 
     }
     /* party 1 and the dealer have no A: the dealer's correlation goes in y */
     uint64_t *C = kvs_mpc_is_dealer(m) ? NULL : y;
-    kvs_status st = kvs_corr_matmul(m, rows, k, n, w->B, A, C, err);
+    kvs_status st = kvs_corr_matmul(m, KVS_OP_MATMUL, rows, k, n, w->B, A, C, err);
     if (st == KVS_OK && m->role == KVS_MPC_P0) {
         /* y0 = x0 Wm + C0; send D = x0 - A */
         for (size_t i = 0; i < rows * k; i++)

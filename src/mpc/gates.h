@@ -37,8 +37,11 @@ kvs_status kvs_mpc_mul(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, const uint6
                        size_t n, uint64_t *z, kvs_error *err);
 
 /* x = floor(x / 2^f) of each signed value, exactly, for |x| < 2^62: the parties open
- * c = x + 2^62 + r for a dealer mask r (one round, 8 bytes each way per value), and two DCF
- * evaluations give the borrow of the low f bits and the wrap of c (Boyle et al. 2021). */
+ * c = x + 2^62 + r for a dealer mask r (one round, 8 bytes each way per value); one DCF over f
+ * bits gives the borrow of the low bits (Boyle et al. 2021), and since x + 2^62 < 2^63 the wrap
+ * of c is msb(r) and not msb(c) — a dealer share of msb(r), no comparison (the known-MSB
+ * truncation of SIRNN/Cheetah). Dealer: one DCF key over f bits to each party, two words to
+ * party 1. */
 kvs_status kvs_mpc_trunc(kvs_mpc *m, kvs_mpc_op op, uint64_t *x, size_t n, int f,
                          kvs_error *err);
 

@@ -89,7 +89,7 @@ kvs_status kvs_mpc_cache_qk(kvs_mpc *m, kvs_mpc_op op, const kvs_mpc_cache *c,
                     v[((size_t)h * G + g) * T + t] = s;
                 }
             }
-    kvs_status st = kvs_corr_shares(m, no, v, v, err);
+    kvs_status st = kvs_corr_shares(m, op, no, v, v, err);
     if (st != KVS_OK || kvs_mpc_is_dealer(m)) {
         free(A);
         return st;
@@ -134,7 +134,7 @@ kvs_status kvs_mpc_cache_pv(kvs_mpc *m, kvs_mpc_op op, const kvs_mpc_cache *c,
                         vr[i] += a * b[i];
                 }
             }
-    kvs_status st = kvs_corr_shares(m, no, v, v, err);
+    kvs_status st = kvs_corr_shares(m, op, no, v, v, err);
     if (st != KVS_OK || kvs_mpc_is_dealer(m)) {
         free(A);
         return st;

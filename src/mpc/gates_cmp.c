@@ -38,9 +38,9 @@ kvs_status kvs_mpc_nonneg_bits(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, siz
             alpha[i] = low_bits(rr, lb);                 /* the borrow test */
             beta[i] = top ? (uint64_t)0 - 1 : 1;         /* top ? 1 - borrow : borrow */
         }
-    kvs_status st = kvs_corr_shares(m, n, tmp, rh, err);
+    kvs_status st = kvs_corr_shares(m, op, n, tmp, rh, err);
     if (st == KVS_OK)
-        st = kvs_corr_dcf(m, lb, n, alpha, beta, keys, err);
+        st = kvs_corr_dcf(m, op, lb, n, alpha, beta, keys, err);
     if (st == KVS_OK && !kvs_mpc_is_dealer(m)) {
         /* open c = (x + r) mod 2^bits in nb bytes a value (kvs_mpc_pack) */
         uint8_t *out = msg, *in = msg + (size_t)nb * n;

@@ -53,7 +53,7 @@ kvs_status kvs_mpc_lut(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, i
             alpha[i] = r[i] & mask;
             beta[i] = 1;
         }
-    kvs_status st = kvs_corr_dpf(m, nbits, n, alpha, beta, keys, err);
+    kvs_status st = kvs_corr_dpf(m, op, nbits, n, alpha, beta, keys, err);
     if (st != KVS_OK || kvs_mpc_is_dealer(m)) {
         free(w);
         free(keys);
@@ -88,8 +88,8 @@ kvs_status kvs_mpc_lut(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, i
     return st;
 }
 
-kvs_status kvs_mpc_exp_neg(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, uint64_t *out,
-                           kvs_error *err)
+kvs_status kvs_mpc_exp_neg(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, int bits,
+                           uint64_t *out, kvs_error *err)
 {
     const int f = m->frac, shift = f - KVS_FXNL_EXP_IN_FRAC;
     if (shift < 0 || f > 40)
@@ -103,7 +103,7 @@ kvs_status kvs_mpc_exp_neg(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t 
     for (size_t i = 0; w && i < n; i++)
         lo[i] = kvs_mpc_add_public(m, 0, (uint64_t)(-((int64_t)KVS_FXNL_EXP_MIN << f)));
     /* clip below at -16, then keep 6 fraction bits: an index in [-1024, 0] */
-    kvs_status st = kvs_mpc_max2(m, op, x, lo, n, 64, z, err);
+    kvs_status st = kvs_mpc_max2(m, op, x, lo, n, bits, z, err);
     if (st == KVS_OK)
         st = kvs_mpc_trunc(m, op, z, n, shift, err);
     if (st == KVS_OK) {
@@ -115,8 +115,8 @@ kvs_status kvs_mpc_exp_neg(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t 
     return st;
 }
 
-kvs_status kvs_mpc_silu(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, uint64_t *out,
-                        kvs_error *err)
+kvs_status kvs_mpc_silu(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, int bits,
+                        uint64_t *out, kvs_error *err)
 {
     const int f = m->frac, shift = f - KVS_FXNL_SILU_IN_FRAC;
     if (shift < 0 || f > 30)
@@ -137,7 +137,7 @@ kvs_status kvs_mpc_silu(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, 
         cmp[n + i] = kvs_mpc_add_public(m, x[i], 0 - eight);  /* x - 8 */
     }
     /* d_lo = [x >= -8], d_hi = [x >= 8] in one batch */
-    kvs_status st = kvs_mpc_nonneg(m, op, cmp, 2 * n, d, err);
+    kvs_status st = kvs_mpc_nonneg_bits(m, op, cmp, 2 * n, bits, d, err);
     /* clip(x) = -8 + d_lo (x + 8) - d_hi (x - (8 - ulp)): one batch of two products */
     for (size_t i = 0; w && st == KVS_OK && i < n; i++)
         cmp[n + i] = kvs_mpc_add_public(m, cmp[n + i], 1);
@@ -162,8 +162,9 @@ kvs_status kvs_mpc_silu(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, 
     return st;
 }
 
-/* The bucket guess of n values x: the parties compare x with 2^j (j = lo+1..hi, fixed point)
- * in one batch of sign tests and form y = g(lo) + sum_j [x >= 2^j] (g(j) - g(j-1)), which is
+/* The bucket guess of n values x < 2^hi: the parties compare x with 2^j (j = lo+1..hi, fixed
+ * point) in one batch of sign tests (x - 2^j is below 2^(hi+f) in magnitude: hi + f + 1 bits)
+ * and form y = g(lo) + sum_j [x >= 2^j] (g(j) - g(j-1)), which is
  * g of x's bucket, locally (shared bits times public constants). */
 static kvs_status bucket_guess(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, int lo,
                                int hi, uint64_t (*guess)(int, int), uint64_t *y,
@@ -178,7 +179,7 @@ static kvs_status bucket_guess(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, siz
     for (size_t i = 0; d && i < n; i++)
         for (size_t j = 0; j < k; j++)
             d[i * k + j] = kvs_mpc_add_public(m, x[i], 0 - ((uint64_t)1 << (lo + 1 + (int)j + f)));
-    kvs_status st = kvs_mpc_nonneg(m, op, d, n * k, d, err);
+    kvs_status st = kvs_mpc_nonneg_bits(m, op, d, n * k, hi + f + 1, d, err);
     for (size_t i = 0; d && st == KVS_OK && i < n; i++) {
         uint64_t acc = kvs_mpc_add_public(m, 0, guess(lo, f));
         for (size_t j = 0; j < k; j++) {

@@ -12,14 +12,17 @@
  * key sizes are in fss.h):
  *   lut (nbits)   1 round,  ceil(nbits/8) bytes; dealer: one DPF key over nbits to each party
  *                 (106, 203, 284 bytes at 5, 11, 16 bits).
- *   exp_neg       4 rounds, 34 bytes;  dealer 5053 / 5077 bytes at f = 12, 5150 / 5174 at 16.
- *   silu          6 rounds, 82 bytes;  dealer 10032 / 10088 at f = 12, 10226 / 10282 at 16.
- *   recip         1 + 4 iters rounds (13 at f <= 14, 17 above), 160 + 48 iters bytes (304 at
- *                 f = 12, 352 at 16); dealer 73426 / 73682 at f = 12, 77984 / 78272 at 16.
- *   rsqrt         1 + 5 iters rounds (16), 8 (f + 20) + 64 iters bytes (448 at f = 12, 480 at
- *                 16); dealer 111622 / 111998 at f = 12, 124911 / 125319 at 16.
- * The sign tests of recip and rsqrt (truncations by 62 bits with a 64-bit DCF) dominate the
- * dealer bytes; they are all in one batch, so they cost one round. */
+ *   exp_neg       4 rounds, 34 bytes;  dealer 1925 / 1957 bytes at f = 12, 2022 / 2054 at 16
+ *                 (64-bit clip test; f + 12 bits in softmax: smaller).
+ *   silu          6 rounds, 74 bytes at f = 12, 76 at 16 (sign tests over f + 20 bits);
+ *                 dealer 2224 / 2296 at f = 12, 2612 / 2684 at 16.
+ *   recip         1 + 4 iters rounds (13 at f <= 14, 17 above), 20 ceil((f + 21)/8) + 48 iters
+ *                 bytes (244 at f = 12, 292 at 16); dealer 17890 / 18194 at f = 12, 21236 /
+ *                 21588 at 16.
+ *   rsqrt         1 + 5 iters rounds (16), (f + 20) ceil((f + 21)/8) + 64 iters bytes (352 at
+ *                 f = 12, 372 at 16); dealer 28438 / 28862 at f = 12, 36003 / 36459 at 16.
+ * The sign tests of recip and rsqrt dominate their dealer bytes; they are all in one batch, so
+ * they cost one round. Truncations take one DCF over f bits (gates.h). */
 #ifndef KVS_MPC_GATES_NL_H
 #define KVS_MPC_GATES_NL_H
 
@@ -41,12 +44,14 @@ kvs_status kvs_mpc_lut(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, i
  * [-1024, 0] looked up (11 bits, one round) in a table of exp((i + 1/2)/64) (the middle of the
  * cell; 1 at i = 0): no interpolation. Error: |out - exp(x)| <= exp(max(x, -16)) (e^(1/128) - 1)
  * + 2^-(f+1) < 0.00785 exp(max(x, -16)) + 2^-(f+1) for every x <= 0 (the 1/128 is half the
- * input cell; below -16 the output is 0 for f <= 16). For 0 < x < 16 the output is 1. */
-kvs_status kvs_mpc_exp_neg(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, uint64_t *out,
-                           kvs_error *err);
+ * input cell; below -16 the output is 0 for f <= 16). For 0 < x < 16 the output is 1. bits:
+ * the clip's sign test width, the caller's promise that |x + 16| < 2^(bits-1) in fixed point
+ * (64: any x; softmax's shifted scores, above -2^11, take f + 12). */
+kvs_status kvs_mpc_exp_neg(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, int bits,
+                           uint64_t *out, kvs_error *err);
 
 /* out ~ 1/x for x in [1, 2^20) (1 <= f <= 20): one batch of 20 sign tests [x >= 2^j], j = 1..20
- * (one round), the bucket guess 1/(1.5 2^j) of x in [2^j, 2^(j+1)) formed locally from them, then
+ * (one round, over f + 21 bits), the bucket guess 1/(1.5 2^j) of x in [2^j, 2^(j+1)) formed locally from them, then
  * iters Newton steps y <- y (2 - x y) with exact truncations (two products, two truncations,
  * four rounds each), iters = 3 for f <= 14, 4 above: the iteration's relative error from the
  * guess is at most 3^-(2^iters) < 2^-(f-2), and each step's two floors add at most one ulp
@@ -64,12 +69,16 @@ kvs_status kvs_mpc_recip(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n,
  * The end cells make the output 0 for x < -8 + 1/64 and x for x >= 8 - 1/64, so the error stays
  * bounded beyond the clip: |out - silu(x)| <= 2.8e-3 + 5 2^-f for every x (about 1.8e-3 + 5
  * 2^-f inside the clip range, from the 1/128 half cell; |silu(x)| <= 2.7e-3 for x <= -8 + 1/64,
- * |x - silu(x)| <= 2.7e-3 for x >= 8 - 1/64). */
-kvs_status kvs_mpc_silu(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, uint64_t *out,
-                        kvs_error *err);
+ * |x - silu(x)| <= 2.7e-3 for x >= 8 - 1/64). bits: the sign tests' width, the caller's
+ * promise that |x| + 8 < 2^(bits-1) in fixed point (64: any x). */
+kvs_status kvs_mpc_silu(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, int bits,
+                        uint64_t *out, kvs_error *err);
+/* The forward pass's SiLU width: activations below 2^19 - 8 in magnitude (an FFN activation
+ * of 2^19 = 524288 would be far outside any Llama's range). */
+#define KVS_MPC_SILU_BITS(f) ((f) + 20)
 
 /* out ~ 1/sqrt(x) for x in [2^-f, 2^20) (1 <= f <= 18): one batch of f + 20 sign tests
- * [x >= 2^j], j = -f+1..20 (one round), the bucket guess 1/sqrt(1.5 2^j) formed locally, then
+ * [x >= 2^j], j = -f+1..20 (one round, over f + 21 bits), the bucket guess 1/sqrt(1.5 2^j) formed locally, then
  * iters = 3 Newton steps y <- y (3 - x y^2) / 2: x y is kept whole (2f fraction bits), times y
  * (3f bits, below 2^55), truncated by 2f, then y (3 - t) truncated by f + 1 (three products,
  * two truncations, five rounds a step). The iteration's relative error from the guess is below

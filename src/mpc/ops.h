@@ -1,5 +1,6 @@
 /* The operation types the two-party engine counts bytes, messages and rounds by (the rows of its
- * cost table). Every message on a channel carries one of them. */
+ * cost table). Every message on a channel carries one of them; the dealer's correlated
+ * randomness carries the op of the gate it serves. */
 #ifndef KVS_MPC_OPS_H
 #define KVS_MPC_OPS_H
 
@@ -18,7 +19,6 @@ typedef enum kvs_mpc_op {
     KVS_OP_TOPK,      /* selection (next issue: MPCache) */
     KVS_OP_GATHER,
     KVS_OP_OPEN,      /* revealing an output */
-    KVS_OP_DEALER,    /* correlated randomness from the dealer (offline) */
     KVS_OP_N
 } kvs_mpc_op;
 

@@ -161,7 +161,9 @@ static kvs_status open_link(const kvs_mpc_session_cfg *cfg, int fd, int peer_rol
                             const uint8_t *psk, int party_link, kvs_chan **c, kvs_error *err)
 {
     kvs_chan_params p = {.insecure_plain = cfg->insecure_plain, .psk = psk,
-                         .timeout_ms = cfg->timeout_ms, .version = 1, .ring_bits = 64,
+                         .timeout_ms = cfg->timeout_ms,
+                         .version = cfg->test_version ? cfg->test_version
+                                                      : KVS_MPC_PROTOCOL_VERSION, .ring_bits = 64,
                          .frac_bits = cfg->frac, .role = (int)cfg->role, .peer_role = peer_role};
     if (party_link)
         memcpy(p.model_hash, cfg->model_hash, 32);
@@ -295,13 +297,16 @@ static void phase_from(const snap *a, const snap *b, int me, kvs_mpc_phase_cost 
                           b->peer.msgs_recv[op] - a->peer.msgs_recv[op];
         p->op_rounds[op] = b->peer.rounds[op] - a->peer.rounds[op];
         p->rounds += p->op_rounds[op];
-        p->dealer_payload[me] += b->dealer.recv_payload[op] - a->dealer.recv_payload[op];
+        p->op_dealer[op] = b->dealer.recv_payload[op] - a->dealer.recv_payload[op];
+        p->dealer_payload[me] += p->op_dealer[op];
         p->dealer_wire[me] += b->dealer.recv_wire[op] - a->dealer.recv_wire[op];
     }
 }
 
-/* Party 1's report: per phase its dealer payload, dealer wire bytes and rounds. */
-#define REPORT_MSG (KVS_MPC_PHASE_N * 3 * 8)
+/* Party 1's report: per phase its dealer payload, dealer wire bytes, rounds and dealer payload
+ * per op. */
+#define REPORT_PHASE ((3 + KVS_OP_N) * 8)
+#define REPORT_MSG (KVS_MPC_PHASE_N * REPORT_PHASE)
 
 /* ---- the step loop ---- */
 
@@ -405,8 +410,8 @@ static kvs_status loop_other(const kvs_mpc_session_cfg *cfg, kvs_mpc *m, kvs_mpc
             return st;
         if (!go)
             return KVS_OK;
-        if (cfg->role == KVS_MPC_P1 && cfg->test_kill_step > 0 && i + 1 >= cfg->test_kill_step)
-            raise(SIGKILL); /* tests only: a server dying mid-run */
+        if (cfg->test_kill_step > 0 && i + 1 >= cfg->test_kill_step)
+            raise(SIGKILL); /* tests only: a server or a dealer dying mid-run */
         if ((st = kvs_mpc_llama_step(m, L, -1, sh, err)) != KVS_OK)
             return st;
         res->phase[i < P ? KVS_MPC_PHASE_PREFILL : KVS_MPC_PHASE_DECODE].steps++;
@@ -559,18 +564,24 @@ kvs_status kvs_mpc_session_run(const kvs_mpc_session_cfg *cfg, kvs_mpc_session_r
         uint8_t rep[REPORT_MSG];
         if (cfg->role == KVS_MPC_P1) {
             for (int p = 0; p < KVS_MPC_PHASE_N; p++) {
-                put_u64(rep + 24 * p, res->phase[p].dealer_payload[1]);
-                put_u64(rep + 24 * p + 8, res->phase[p].dealer_wire[1]);
-                put_u64(rep + 24 * p + 16, res->phase[p].rounds);
+                uint8_t *r = rep + REPORT_PHASE * p;
+                put_u64(r, res->phase[p].dealer_payload[1]);
+                put_u64(r + 8, res->phase[p].dealer_wire[1]);
+                put_u64(r + 16, res->phase[p].rounds);
+                for (int op = 0; op < KVS_OP_N; op++)
+                    put_u64(r + 24 + 8 * op, res->phase[p].op_dealer[op]);
             }
             st = kvs_chan_send(m.peer, KVS_OP_HANDSHAKE, rep, sizeof rep, err);
         } else if (cfg->role == KVS_MPC_P0 &&
                    (st = kvs_chan_recv(m.peer, KVS_OP_HANDSHAKE, rep, sizeof rep, err)) ==
                        KVS_OK) {
             for (int p = 0; p < KVS_MPC_PHASE_N; p++) {
-                res->phase[p].dealer_payload[1] = get_u64(rep + 24 * p);
-                res->phase[p].dealer_wire[1] = get_u64(rep + 24 * p + 8);
-                res->phase[p].rounds_p1 = get_u64(rep + 24 * p + 16);
+                const uint8_t *r = rep + REPORT_PHASE * p;
+                res->phase[p].dealer_payload[1] = get_u64(r);
+                res->phase[p].dealer_wire[1] = get_u64(r + 8);
+                res->phase[p].rounds_p1 = get_u64(r + 16);
+                for (int op = 0; op < KVS_OP_N; op++)
+                    res->phase[p].op_dealer[op] += get_u64(r + 24 + 8 * op);
             }
         }
     }

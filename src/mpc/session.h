@@ -36,6 +36,9 @@ struct kvs_model;
 
 enum { KVS_MPC_PHASE_SETUP, KVS_MPC_PHASE_PREFILL, KVS_MPC_PHASE_DECODE, KVS_MPC_PHASE_N };
 
+/* The protocol version both ends of every link must speak (checked at the handshake). */
+#define KVS_MPC_PROTOCOL_VERSION 1
+
 typedef struct kvs_mpc_session_cfg {
     kvs_mpc_role role;
     int frac;           /* fixed-point fraction bits */
@@ -74,9 +77,12 @@ typedef struct kvs_mpc_session_cfg {
     void (*on_prefilled)(void *ctx);
     void (*on_token)(void *ctx, int32_t token);
     void *cb_ctx;
-    /* Tests only (KVS_MPC_TEST_KILL): party 1 kills itself with SIGKILL before step k (k >= 1
-     * counts from 1; 0: never). */
+    /* Tests only (KVS_MPC_TEST_KILL): this role (party 1 or the dealer) kills itself with
+     * SIGKILL before step k (k >= 1 counts from 1; 0: never). */
     int test_kill_step;
+    /* Tests only (KVS_MPC_TEST_VERSION): the protocol version this role claims at the
+     * handshake (0: the real one, KVS_MPC_PROTOCOL_VERSION). */
+    uint32_t test_version;
 } kvs_mpc_session_cfg;
 
 /* One phase's costs, as party 0 saw them (and party 1 reported). */
@@ -91,6 +97,7 @@ typedef struct kvs_mpc_phase_cost {
     uint64_t dealer_payload[2], dealer_wire[2]; /* received from the dealer, per party */
     uint64_t op_bytes[KVS_OP_N];    /* party link payload per op, both directions */
     uint64_t op_rounds[KVS_OP_N];   /* party 0's rounds per op */
+    uint64_t op_dealer[KVS_OP_N];   /* dealer payload per op, received by both parties */
 } kvs_mpc_phase_cost;
 
 typedef struct kvs_mpc_session_result {
