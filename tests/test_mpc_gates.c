@@ -107,22 +107,26 @@ static kvs_status program(kvs_mpc *m, const inputs *in, outputs *o, kvs_error *e
     /* the secret cache: rows appended by party 0's input, products with queries */
     kvs_mpc_cache cache;
     kvs_mpc_cache_init(&cache, CH, CD);
-    uint64_t row[CH * CD], q[CH * CG * CD], p[CH * CG * CT], qk[CH * CG * CT], pv[CH * CG * CD];
-    for (int t = 0; t < CT && st == KVS_OK; t++) {
-        st = kvs_mpc_input(m, 0, p0 ? in->rows[t] : NULL, CH * CD, row, err);
+    uint64_t row[CT * CH * CD], q[CH * CG * CD], p[CH * CG * CT], qk[CH * CG * CT],
+        pv[CH * CG * CD];
+    /* the first half of the rows as one block, the rest one by one */
+    for (int t = 0; t < CT && st == KVS_OK;) {
+        const int n = t == 0 ? CT / 2 : 1;
+        st = kvs_mpc_input(m, 0, p0 ? in->rows[t] : NULL, (size_t)n * CH * CD, row, err);
         if (st == KVS_OK)
-            st = kvs_mpc_cache_append(m, KVS_OP_MATMUL, &cache, row, err);
+            st = kvs_mpc_cache_append(m, KVS_OP_MATMUL, &cache, row, (size_t)n, err);
+        t += n;
     }
     if (st == KVS_OK)
         st = kvs_mpc_input(m, 1, p1 ? in->q : NULL, CH * CG * CD, q, err);
     if (st == KVS_OK)
         st = kvs_mpc_input(m, 1, p1 ? in->p : NULL, CH * CG * CT, p, err);
     if (st == KVS_OK)
-        st = kvs_mpc_cache_qk(m, KVS_OP_MATMUL, &cache, q, CG, qk, err);
+        st = kvs_mpc_cache_qk(m, KVS_OP_MATMUL, &cache, q, 1, CG, qk, err);
     if (st == KVS_OK)
         st = kvs_mpc_open(m, KVS_OP_OPEN, qk, CH * CG * CT, o->qk, err);
     if (st == KVS_OK)
-        st = kvs_mpc_cache_pv(m, KVS_OP_MATMUL, &cache, p, CG, pv, err);
+        st = kvs_mpc_cache_pv(m, KVS_OP_MATMUL, &cache, p, 1, CG, pv, err);
     if (st == KVS_OK)
         st = kvs_mpc_open(m, KVS_OP_OPEN, pv, CH * CG * CD, o->pv, err);
     kvs_mpc_cache_free(&cache);

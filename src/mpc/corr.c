@@ -140,28 +140,26 @@ kvs_status kvs_corr_shares(kvs_mpc *m, kvs_mpc_op op, size_t count, const uint64
     return st;
 }
 
-/* FSS key pairs: the dealer draws both root seeds from its private stream. */
+/* FSS key pairs: the dealer draws both root seeds of every pair from its private stream. */
 typedef size_t (*key_bytes_fn)(int n);
-typedef void (*key_gen_fn)(int n, uint64_t alpha, uint64_t beta, const uint8_t *s0,
-                           const uint8_t *s1, uint8_t *k0, uint8_t *k1);
+typedef void (*key_gen_fn)(int n, size_t count, const uint64_t *alpha, const uint64_t *beta,
+                           const uint8_t *seeds, uint8_t *k0, uint8_t *k1);
 
-static kvs_status fss_pairs(kvs_mpc *m, kvs_mpc_op op, int nbits, size_t count, const uint64_t *alpha,
-                            const uint64_t *beta, uint8_t *keys, key_bytes_fn bytes,
-                            key_gen_fn gen, kvs_error *err)
+static kvs_status fss_pairs(kvs_mpc *m, kvs_mpc_op op, int nbits, size_t count,
+                            const uint64_t *alpha, const uint64_t *beta, uint8_t *keys,
+                            key_bytes_fn bytes, key_gen_fn gen, kvs_error *err)
 {
     const size_t kb = bytes(nbits), total = kb * count;
     if (m->role != KVS_MPC_DEALER) {
         m->dealer_bytes += total;
         return kvs_chan_recv(m->dealer, op, keys, total, err);
     }
-    uint8_t *k = malloc(2 * total + 1);
+    uint8_t *k = malloc(2 * total + 32 * count + 1);
     if (!k)
         return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for %zu FSS keys", count);
-    for (size_t i = 0; i < count; i++) {
-        uint8_t seeds[32];
-        kvs_prg_bytes(m->own, seeds, sizeof seeds);
-        gen(nbits, alpha[i], beta[i], seeds, seeds + 16, k + i * kb, k + total + i * kb);
-    }
+    uint8_t *seeds = k + 2 * total;
+    kvs_prg_bytes(m->own, seeds, 32 * count);
+    gen(nbits, count, alpha, beta, seeds, k, k + total);
     kvs_status st = dealer_send(m, 0, op, k, total, err);
     if (st == KVS_OK)
         st = dealer_send(m, 1, op, k + total, total, err);
@@ -169,14 +167,28 @@ static kvs_status fss_pairs(kvs_mpc *m, kvs_mpc_op op, int nbits, size_t count, 
     return st;
 }
 
-kvs_status kvs_corr_dcf(kvs_mpc *m, kvs_mpc_op op, int nbits, size_t count, const uint64_t *alpha,
-                        const uint64_t *beta, uint8_t *keys, kvs_error *err)
+/* kvs_dpf_gen for count pairs, in the form of kvs_dcf_gen_many. */
+static void dpf_gen_many(int n, size_t count, const uint64_t *alpha, const uint64_t *beta,
+                         const uint8_t *seeds, uint8_t *k0, uint8_t *k1)
 {
-    return fss_pairs(m, op, nbits, count, alpha, beta, keys, kvs_dcf_key_bytes, kvs_dcf_gen, err);
+    const size_t kb = kvs_dpf_key_bytes(n);
+    for (size_t i = 0; i < count; i++)
+        kvs_dpf_gen(n, alpha[i], beta[i], seeds + 32 * i, seeds + 32 * i + 16, k0 + i * kb,
+                    k1 + i * kb);
 }
 
-kvs_status kvs_corr_dpf(kvs_mpc *m, kvs_mpc_op op, int nbits, size_t count, const uint64_t *alpha,
-                        const uint64_t *beta, uint8_t *keys, kvs_error *err)
+kvs_status kvs_corr_dcf(kvs_mpc *m, kvs_mpc_op op, int nbits, size_t count,
+                        const uint64_t *alpha, const uint64_t *beta, uint8_t *keys,
+                        kvs_error *err)
 {
-    return fss_pairs(m, op, nbits, count, alpha, beta, keys, kvs_dpf_key_bytes, kvs_dpf_gen, err);
+    return fss_pairs(m, op, nbits, count, alpha, beta, keys, kvs_dcf_key_bytes,
+                     kvs_dcf_gen_many, err);
+}
+
+kvs_status kvs_corr_dpf(kvs_mpc *m, kvs_mpc_op op, int nbits, size_t count,
+                        const uint64_t *alpha, const uint64_t *beta, uint8_t *keys,
+                        kvs_error *err)
+{
+    return fss_pairs(m, op, nbits, count, alpha, beta, keys, kvs_dpf_key_bytes, dpf_gen_many,
+                     err);
 }

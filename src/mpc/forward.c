@@ -1,4 +1,4 @@
-/* The Llama forward pass on secret shares, one token per step (forward.h). */
+/* The Llama forward pass on secret shares, a block of tokens at a time (forward.h). */
 #include "mpc/forward.h"
 
 #include <math.h>
@@ -138,12 +138,11 @@ void kvs_mpc_llama_free(kvs_mpc_llama *L)
     kvs_mpc_weight_free(&L->out);
 }
 
-/* ---- one step ---- */
+/* ---- a block of tokens ---- */
 
-/* Scratch for one step, sized by the shape and the context. */
+/* Scratch for a block of n tokens at context T (after the block), sized by the shape. */
 typedef struct step_buf {
-    uint64_t *x, *xn, *qkv, *att, *o, *h, *a, *sc, *e, *t, *r;
-    size_t cap_t;
+    uint64_t *x, *xn, *qkv, *qk, *v, *att, *o, *h, *a, *t, *sc, *e, *row;
 } step_buf;
 
 /* x times public constants c (fixed point at frac) elementwise, then truncated: y may alias. */
@@ -155,74 +154,84 @@ static kvs_status mul_public(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, const
     return kvs_mpc_trunc(m, op, kvs_mpc_is_dealer(m) ? NULL : y, n, m->frac, err);
 }
 
-/* xn = x / rms(x), per the norm's shape (its weight is folded into the next matrix): the mean
- * square by products and a public 1/dim, plus eps, its reciprocal square root, a product. */
-static kvs_status rmsnorm(kvs_mpc *m, const kvs_mpc_shape *s, const uint64_t *x, uint64_t *xn,
-                          uint64_t *tmp, kvs_error *err)
+/* xn = x / rms(x) for each of n rows (its weight is folded into the next matrix): the mean
+ * square by products and a public 1/dim, plus eps, its reciprocal square root, a product.
+ * tmp: n x dim words; row: 3 n words. */
+static kvs_status rmsnorm(kvs_mpc *m, const kvs_mpc_shape *s, const uint64_t *x, size_t n,
+                          uint64_t *xn, uint64_t *tmp, uint64_t *row, kvs_error *err)
 {
-    const int dim = s->dim, dealer = kvs_mpc_is_dealer(m);
-    kvs_status st = kvs_mpc_mul(m, KVS_OP_RMSNORM, x, x, (size_t)dim, tmp, err);
-    uint64_t ms = 0, r = 0;
-    for (int i = 0; !dealer && i < dim; i++)
-        ms += tmp[i];
+    const size_t dim = (size_t)s->dim;
+    const int dealer = kvs_mpc_is_dealer(m);
+    uint64_t *ms = row, *r = row + n, *inv = row + 2 * n;
+    kvs_status st = kvs_mpc_mul(m, KVS_OP_RMSNORM, x, x, n * dim, tmp, err);
+    for (size_t j = 0; !dealer && j < n; j++) {
+        ms[j] = 0;
+        for (size_t i = 0; i < dim; i++)
+            ms[j] += tmp[j * dim + i];
+    }
     if (st == KVS_OK) /* at 2 frac: back to frac, then times 1/dim at frac */
-        st = kvs_mpc_trunc(m, KVS_OP_RMSNORM, dealer ? NULL : &ms, 1, m->frac, err);
-    const uint64_t inv_dim = kvs_fx_encode(1.0 / dim, m->frac);
+        st = kvs_mpc_trunc(m, KVS_OP_RMSNORM, dealer ? NULL : ms, n, m->frac, err);
+    for (size_t j = 0; j < n; j++)
+        inv[j] = kvs_fx_encode(1.0 / (double)dim, m->frac);
     if (st == KVS_OK)
-        st = mul_public(m, KVS_OP_RMSNORM, &ms, &inv_dim, 1, &ms, err);
+        st = mul_public(m, KVS_OP_RMSNORM, ms, inv, n, ms, err);
     /* eps, at least one unit: 1e-5 is below the resolution of 12-14 fraction bits */
     const uint64_t eps = kvs_fx_encode(s->eps, m->frac);
-    ms = kvs_mpc_add_public(m, ms, eps ? eps : 1);
+    for (size_t j = 0; !dealer && j < n; j++)
+        ms[j] = kvs_mpc_add_public(m, ms[j], eps ? eps : 1);
     if (st == KVS_OK)
-        st = kvs_mpc_rsqrt(m, KVS_OP_RMSNORM, dealer ? NULL : &ms, 1, dealer ? NULL : &r, err);
-    for (int i = 0; !dealer && i < dim; i++)
-        tmp[i] = r;
+        st = kvs_mpc_rsqrt(m, KVS_OP_RMSNORM, dealer ? NULL : ms, n, dealer ? NULL : r, err);
+    for (size_t j = 0; !dealer && j < n; j++)
+        for (size_t i = 0; i < dim; i++)
+            tmp[j * dim + i] = r[j];
     if (st == KVS_OK)
-        st = kvs_mpc_mul(m, KVS_OP_RMSNORM, x, tmp, (size_t)dim, xn, err);
+        st = kvs_mpc_mul(m, KVS_OP_RMSNORM, x, tmp, n * dim, xn, err);
     if (st == KVS_OK)
-        st = kvs_mpc_trunc(m, KVS_OP_RMSNORM, dealer ? NULL : xn, (size_t)dim, m->frac, err);
+        st = kvs_mpc_trunc(m, KVS_OP_RMSNORM, dealer ? NULL : xn, n * dim, m->frac, err);
     return st;
 }
 
-/* RoPE at a public position, with an extra public factor (1/sqrt(head_dim) for queries): the
- * rotated pairs are public linear maps of the shares, then one truncation. */
-static kvs_status rope(kvs_mpc *m, const kvs_mpc_shape *s, uint64_t *v, int heads, int pos,
-                       double scale, kvs_error *err)
+/* RoPE of one row's heads at a public position, with an extra public factor (1/sqrt(head_dim)
+ * for queries): the rotated pairs are public linear maps of the shares (a truncation follows,
+ * by the caller). */
+static void rope_row(const kvs_mpc *m, const kvs_mpc_shape *s, uint64_t *v, int heads, int pos,
+                     double scale)
 {
     const int hd = s->head_dim, pairs = s->rot_dim / 2;
-    if (!kvs_mpc_is_dealer(m))
+    const uint64_t k = kvs_fx_encode(scale, m->frac);
+    for (int p = 0; p < pairs; p++) {
+        const double th = pos * pow(s->rope_base, -2.0 * p / s->rot_dim);
+        const uint64_t c = kvs_fx_encode(cos(th) * scale, m->frac);
+        const uint64_t sn = kvs_fx_encode(sin(th) * scale, m->frac);
+        const int i0 = s->neox ? p : 2 * p, i1 = s->neox ? p + pairs : 2 * p + 1;
         for (int h = 0; h < heads; h++) {
             uint64_t *x = v + (size_t)h * hd;
-            for (int p = 0; p < pairs; p++) {
-                const double th = pos * pow(s->rope_base, -2.0 * p / s->rot_dim);
-                const uint64_t c = kvs_fx_encode(cos(th) * scale, m->frac);
-                const uint64_t sn = kvs_fx_encode(sin(th) * scale, m->frac);
-                const int i0 = s->neox ? p : 2 * p, i1 = s->neox ? p + pairs : 2 * p + 1;
-                const uint64_t a = x[i0], b = x[i1];
-                x[i0] = a * c - b * sn;
-                x[i1] = a * sn + b * c;
-            }
-            /* dims past rot_dim are only scaled */
-            const uint64_t k = kvs_fx_encode(scale, m->frac);
-            for (int i = 2 * pairs; i < hd; i++)
-                x[i] *= k;
+            const uint64_t a = x[i0], b = x[i1];
+            x[i0] = a * c - b * sn;
+            x[i1] = a * sn + b * c;
         }
-    return kvs_mpc_trunc(m, KVS_OP_MATMUL, kvs_mpc_is_dealer(m) ? NULL : v,
-                         (size_t)heads * hd, m->frac, err);
+    }
+    /* dims past rot_dim are only scaled */
+    for (int h = 0; h < heads; h++)
+        for (int i = 2 * pairs; i < hd; i++)
+            v[(size_t)h * hd + i] *= k;
 }
 
-/* Softmax of rows rows of len scores (at frac), in place. */
-static kvs_status softmax(kvs_mpc *m, uint64_t *sc, size_t rows, size_t len, uint64_t *tmp,
-                          kvs_error *err)
+/* Softmax of rows of len scores (at frac), in place, where row r may only see its first
+ * valid[r] entries (the causal mask of a block; the rest come out 0): a masked entry is first a
+ * copy of the row's entry 0, which leaves the max unchanged, and after the exponential a zero.
+ * tmp: rows x len words; row: 3 rows words. */
+static kvs_status softmax(kvs_mpc *m, uint64_t *sc, size_t rows, size_t len,
+                          const size_t *valid, uint64_t *tmp, uint64_t *row, kvs_error *err)
 {
     const int dealer = kvs_mpc_is_dealer(m);
-    uint64_t mx[64], sum[64], rc[64];
-    if (rows > 64)
-        return kvs_fail(err, KVS_ERR_ARG, "softmax of %zu rows at once (at most 64)", rows);
+    uint64_t *mx = row, *sum = row + rows, *rc = row + 2 * rows;
+    for (size_t r = 0; !dealer && r < rows; r++)
+        for (size_t t = valid[r]; t < len; t++)
+            sc[r * len + t] = sc[r * len];
     /* scores differ by less than 2^11 (in value): a sign test over frac + 12 bits suffices */
     kvs_status st = kvs_mpc_max_rows(m, KVS_OP_SOFTMAX, dealer ? NULL : sc, rows, len,
-                                     m->frac + 12,
-                                     dealer ? NULL : mx, err);
+                                     m->frac + 12, dealer ? NULL : mx, err);
     for (size_t r = 0; !dealer && r < rows; r++)
         for (size_t t = 0; t < len; t++)
             sc[r * len + t] -= mx[r];
@@ -231,8 +240,11 @@ static kvs_status softmax(kvs_mpc *m, uint64_t *sc, size_t rows, size_t len, uin
                              dealer ? NULL : sc, err);
     for (size_t r = 0; !dealer && r < rows; r++) {
         sum[r] = 0;
-        for (size_t t = 0; t < len; t++)
+        for (size_t t = 0; t < len; t++) {
+            if (t >= valid[r])
+                sc[r * len + t] = 0;
             sum[r] += sc[r * len + t];
+        }
     }
     if (st == KVS_OK)
         st = kvs_mpc_recip(m, KVS_OP_SOFTMAX, dealer ? NULL : sum, rows, dealer ? NULL : rc,
@@ -248,138 +260,198 @@ static kvs_status softmax(kvs_mpc *m, uint64_t *sc, size_t rows, size_t len, uin
     return st;
 }
 
-static kvs_status buf_alloc(step_buf *b, const kvs_mpc_shape *s, size_t T)
+static kvs_status buf_alloc(step_buf *b, const kvs_mpc_shape *s, size_t n, size_t T)
 {
     const size_t dim = (size_t)s->dim, kvd = (size_t)s->n_kv_heads * s->head_dim;
     const size_t hid = (size_t)s->hidden, v = (size_t)s->vocab;
-    const size_t big = (size_t)s->n_heads * T;
-    size_t n = dim * 4 + (dim + 2 * kvd) + 2 * hid * 2 + v + 3 * big + dim;
-    uint64_t *p = calloc(n, sizeof *p);
+    const size_t big = n * (size_t)s->n_heads * T, tw = n * (v > dim ? v : dim);
+    const size_t words = n * (4 * dim + (dim + 2 * kvd) + (dim + kvd) + kvd + 2 * hid + hid) +
+                         tw + 2 * big + 4 * n * (size_t)s->n_heads;
+    uint64_t *p = calloc(words, sizeof *p);
     if (!p)
         return KVS_ERR_NOMEM;
     b->x = p;
-    b->xn = b->x + dim;
-    b->att = b->xn + dim;
-    b->o = b->att + dim;
-    b->qkv = b->o + dim;
-    b->h = b->qkv + dim + 2 * kvd;
-    b->a = b->h + 2 * hid;
-    b->t = b->a + 2 * hid; /* v or dim words */
-    b->sc = b->t + (v > dim ? v : dim);
+    b->xn = b->x + n * dim;
+    b->att = b->xn + n * dim;
+    b->o = b->att + n * dim;
+    b->qkv = b->o + n * dim;
+    b->qk = b->qkv + n * (dim + 2 * kvd);
+    b->v = b->qk + n * (dim + kvd);
+    b->h = b->v + n * kvd;
+    b->a = b->h + n * 2 * hid;
+    b->t = b->a + n * hid; /* n x max(vocab, dim) words */
+    b->sc = b->t + tw;
     b->e = b->sc + big;
-    b->r = b->e + big;
+    b->row = b->e + big; /* 3 n heads words, then n heads sizes */
     return KVS_OK;
+}
+
+/* One layer's attention over the block: x (n x dim) += softmax(q K^T) V Wo. */
+static kvs_status attention(kvs_mpc *m, kvs_mpc_llama *L, kvs_mpc_layer *Ly, size_t n,
+                            step_buf *b, const size_t *valid, kvs_error *err)
+{
+    const kvs_mpc_shape *s = &L->s;
+    const int dealer = kvs_mpc_is_dealer(m), G = s->n_heads / s->n_kv_heads;
+    const size_t dim = (size_t)s->dim, kvd = (size_t)s->n_kv_heads * s->head_dim;
+    const size_t T = (size_t)L->pos + n, W = dim + 2 * kvd;
+    const double qscale = 1.0 / sqrt((double)s->head_dim);
+    kvs_status st = rmsnorm(m, s, b->x, n, b->xn, b->t, b->row, err);
+    if (st == KVS_OK) {
+        if (!dealer)
+            memset(b->qkv, 0, sizeof *b->qkv * n * W);
+        st = kvs_mpc_matmul_w(m, &Ly->qkv, dealer ? NULL : b->xn, n, dealer ? NULL : b->qkv,
+                              err);
+    }
+    if (st == KVS_OK)
+        st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : b->qkv, n * W, m->frac, err);
+    /* q and k side by side per row, rotated at their positions; v apart */
+    for (size_t r = 0; !dealer && r < n; r++) {
+        uint64_t *qk = b->qk + r * (dim + kvd);
+        memcpy(qk, b->qkv + r * W, sizeof *qk * (dim + kvd));
+        memcpy(b->v + r * kvd, b->qkv + r * W + dim + kvd, sizeof *b->v * kvd);
+        rope_row(m, s, qk, s->n_heads, L->pos + (int)r, qscale);
+        rope_row(m, s, qk + dim, s->n_kv_heads, L->pos + (int)r, 1.0);
+    }
+    if (st == KVS_OK)
+        st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : b->qk, n * (dim + kvd), m->frac,
+                           err);
+    /* k (after each row's q) into the cache: gather the block's k rows, then its v rows */
+    for (size_t r = 0; !dealer && r < n; r++)
+        memcpy(b->o + r * kvd, b->qk + r * (dim + kvd) + dim, sizeof *b->o * kvd);
+    if (st == KVS_OK)
+        st = kvs_mpc_cache_append(m, KVS_OP_MATMUL, &Ly->k, dealer ? NULL : b->o, n, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_cache_append(m, KVS_OP_MATMUL, &Ly->v, dealer ? NULL : b->v, n, err);
+    for (size_t r = 0; !dealer && r < n; r++)
+        memmove(b->qk + r * dim, b->qk + r * (dim + kvd), sizeof *b->qk * dim);
+    if (st == KVS_OK)
+        st = kvs_mpc_cache_qk(m, KVS_OP_MATMUL, &Ly->k, dealer ? NULL : b->qk, n, G,
+                              dealer ? NULL : b->sc, err);
+    const size_t rows = n * (size_t)s->n_heads;
+    if (st == KVS_OK)
+        st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : b->sc, rows * T, m->frac, err);
+    if (st == KVS_OK)
+        st = softmax(m, b->sc, rows, T, valid, b->e, b->row, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_cache_pv(m, KVS_OP_MATMUL, &Ly->v, dealer ? NULL : b->sc, n, G,
+                              dealer ? NULL : b->att, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : b->att, n * dim, m->frac, err);
+    if (st == KVS_OK) {
+        if (!dealer)
+            memset(b->o, 0, sizeof *b->o * n * dim);
+        st = kvs_mpc_matmul_w(m, &Ly->wo, dealer ? NULL : b->att, n, dealer ? NULL : b->o, err);
+    }
+    if (st == KVS_OK)
+        st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : b->o, n * dim, m->frac, err);
+    for (size_t i = 0; !dealer && i < n * dim; i++)
+        b->x[i] += b->o[i];
+    return st;
+}
+
+/* One layer's feed-forward over the block: x += W2 (silu(W1 x) * W3 x). */
+static kvs_status feed_forward(kvs_mpc *m, const kvs_mpc_shape *s, kvs_mpc_layer *Ly, size_t n,
+                               step_buf *b, kvs_error *err)
+{
+    const int dealer = kvs_mpc_is_dealer(m);
+    const size_t dim = (size_t)s->dim, hid = (size_t)s->hidden;
+    kvs_status st = rmsnorm(m, s, b->x, n, b->xn, b->t, b->row, err);
+    if (st == KVS_OK) {
+        if (!dealer)
+            memset(b->h, 0, sizeof *b->h * n * 2 * hid);
+        st = kvs_mpc_matmul_w(m, &Ly->w13, dealer ? NULL : b->xn, n, dealer ? NULL : b->h, err);
+    }
+    if (st == KVS_OK)
+        st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : b->h, n * 2 * hid, m->frac, err);
+    /* gate halves to b->a, up halves to the start of b->h */
+    for (size_t r = 0; !dealer && r < n; r++) {
+        memcpy(b->a + r * hid, b->h + r * 2 * hid, sizeof *b->a * hid);
+        memmove(b->h + r * hid, b->h + r * 2 * hid + hid, sizeof *b->h * hid);
+    }
+    if (st == KVS_OK)
+        st = kvs_mpc_silu(m, KVS_OP_SILU, dealer ? NULL : b->a, n * hid,
+                          KVS_MPC_SILU_BITS(m->frac), dealer ? NULL : b->a, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_mul(m, KVS_OP_SILU, dealer ? NULL : b->a, dealer ? NULL : b->h, n * hid,
+                         dealer ? NULL : b->a, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_trunc(m, KVS_OP_SILU, dealer ? NULL : b->a, n * hid, m->frac, err);
+    if (st == KVS_OK) {
+        if (!dealer)
+            memset(b->o, 0, sizeof *b->o * n * dim);
+        st = kvs_mpc_matmul_w(m, &Ly->w2, dealer ? NULL : b->a, n, dealer ? NULL : b->o, err);
+    }
+    if (st == KVS_OK)
+        st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : b->o, n * dim, m->frac, err);
+    for (size_t i = 0; !dealer && i < n * dim; i++)
+        b->x[i] += b->o[i];
+    return st;
+}
+
+int kvs_mpc_llama_block(const kvs_mpc_shape *s, int pos, int remaining)
+{
+    /* the block's score matrix, n x heads x (pos + n), within 2^16 values, and n <= 64 */
+    int n = 1;
+    while (n < 64 && n < remaining &&
+           (size_t)(2 * n) * (size_t)s->n_heads * (size_t)(pos + 2 * n) <= ((size_t)1 << 16))
+        n *= 2;
+    return n < remaining ? n : remaining;
+}
+
+kvs_status kvs_mpc_llama_forward(kvs_mpc *m, kvs_mpc_llama *L, const int32_t *tokens, int n,
+                                 uint64_t *logits, kvs_error *err)
+{
+    const kvs_mpc_shape *s = &L->s;
+    const int dealer = kvs_mpc_is_dealer(m), pos = L->pos;
+    const size_t dim = (size_t)s->dim, V = (size_t)s->vocab, N = (size_t)n;
+    if (n < 1)
+        return kvs_fail(err, KVS_ERR_ARG, "a forward pass of %d tokens", n);
+    for (int r = 0; m->role == KVS_MPC_P0 && r < n; r++)
+        if (tokens[r] < 0 || tokens[r] >= s->vocab)
+            return kvs_fail(err, KVS_ERR_ARG, "token id %d is outside the vocabulary [0, %d)",
+                            tokens[r], s->vocab);
+    step_buf b = {0};
+    if (buf_alloc(&b, s, N, (size_t)pos + N) != KVS_OK)
+        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for %d tokens at position %d", n,
+                        pos);
+    /* row r of a head's scores sees the cache up to its own position */
+    size_t *valid = (size_t *)(b.row + 3 * N * (size_t)s->n_heads);
+    for (size_t r = 0; r < N * (size_t)s->n_heads; r++)
+        valid[r] = (size_t)pos + r / (size_t)s->n_heads + 1;
+    /* the tokens as party 0's one-hot rows, times the embedding */
+    uint64_t *onehot = b.t;
+    if (m->role == KVS_MPC_P0) {
+        memset(onehot, 0, sizeof *onehot * N * V);
+        for (size_t r = 0; r < N; r++)
+            onehot[r * V + (size_t)tokens[r]] = 1;
+    }
+    kvs_status st = kvs_mpc_input(m, 0, m->role == KVS_MPC_P0 ? onehot : NULL, N * V,
+                                  dealer ? NULL : onehot, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_matmul_w(m, &L->emb, dealer ? NULL : onehot, N, dealer ? NULL : b.x, err);
+    for (int l = 0; l < s->n_layers && st == KVS_OK; l++) {
+        st = attention(m, L, &L->layers[l], N, &b, valid, err);
+        if (st == KVS_OK)
+            st = feed_forward(m, s, &L->layers[l], N, &b, err);
+    }
+    /* the logits of the last token only */
+    const uint64_t *last = b.x + (N - 1) * dim;
+    if (st == KVS_OK)
+        st = rmsnorm(m, s, dealer ? NULL : last, 1, b.xn, b.t, b.row, err);
+    if (st == KVS_OK && !dealer)
+        memset(logits, 0, sizeof *logits * V);
+    if (st == KVS_OK)
+        st = kvs_mpc_matmul_w(m, &L->out, dealer ? NULL : b.xn, 1, dealer ? NULL : logits, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : logits, V, m->frac, err);
+    if (st == KVS_OK)
+        L->pos += n;
+    free(b.x);
+    return st;
 }
 
 kvs_status kvs_mpc_llama_step(kvs_mpc *m, kvs_mpc_llama *L, int32_t token, uint64_t *logits,
                               kvs_error *err)
 {
-    const kvs_mpc_shape *s = &L->s;
-    const int dealer = kvs_mpc_is_dealer(m), pos = L->pos;
-    const size_t dim = (size_t)s->dim, kvd = (size_t)s->n_kv_heads * s->head_dim;
-    const size_t hid = (size_t)s->hidden, T = (size_t)pos + 1;
-    const int G = s->n_heads / s->n_kv_heads;
-    if (m->role == KVS_MPC_P0 && (token < 0 || token >= s->vocab))
-        return kvs_fail(err, KVS_ERR_ARG, "token id %d is outside the vocabulary [0, %d)", token,
-                        s->vocab);
-    step_buf b = {0};
-    if (buf_alloc(&b, s, T) != KVS_OK)
-        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for a step at position %d", pos);
-    /* the token as party 0's one-hot input, times the embedding */
-    uint64_t *onehot = b.t;
-    if (m->role == KVS_MPC_P0) {
-        memset(onehot, 0, sizeof *onehot * (size_t)s->vocab);
-        onehot[token] = 1;
-    }
-    kvs_status st = kvs_mpc_input(m, 0, m->role == KVS_MPC_P0 ? onehot : NULL,
-                                  (size_t)s->vocab, dealer ? NULL : onehot, err);
-    if (st == KVS_OK)
-        st = kvs_mpc_matmul_w(m, &L->emb, dealer ? NULL : onehot, 1, dealer ? NULL : b.x, err);
-    const double qscale = 1.0 / sqrt((double)s->head_dim);
-    for (int l = 0; l < s->n_layers && st == KVS_OK; l++) {
-        kvs_mpc_layer *Ly = &L->layers[l];
-        uint64_t *q = b.qkv, *k = b.qkv + dim, *v = b.qkv + dim + kvd;
-        st = rmsnorm(m, s, b.x, b.xn, b.t, err);
-        if (st == KVS_OK) {
-            if (!dealer)
-                memset(b.qkv, 0, sizeof *b.qkv * (dim + 2 * kvd));
-            st = kvs_mpc_matmul_w(m, &Ly->qkv, dealer ? NULL : b.xn, 1, dealer ? NULL : b.qkv,
-                                  err);
-        }
-        if (st == KVS_OK)
-            st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : b.qkv, dim + 2 * kvd, m->frac,
-                               err);
-        if (st == KVS_OK)
-            st = rope(m, s, q, s->n_heads, pos, qscale, err);
-        if (st == KVS_OK)
-            st = rope(m, s, k, s->n_kv_heads, pos, 1.0, err);
-        if (st == KVS_OK)
-            st = kvs_mpc_cache_append(m, KVS_OP_MATMUL, &Ly->k, dealer ? NULL : k, err);
-        if (st == KVS_OK)
-            st = kvs_mpc_cache_append(m, KVS_OP_MATMUL, &Ly->v, dealer ? NULL : v, err);
-        if (st == KVS_OK)
-            st = kvs_mpc_cache_qk(m, KVS_OP_MATMUL, &Ly->k, dealer ? NULL : q, G,
-                                  dealer ? NULL : b.sc, err);
-        if (st == KVS_OK)
-            st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : b.sc, (size_t)s->n_heads * T,
-                               m->frac, err);
-        if (st == KVS_OK)
-            st = softmax(m, b.sc, (size_t)s->n_heads, T, b.e, err);
-        if (st == KVS_OK)
-            st = kvs_mpc_cache_pv(m, KVS_OP_MATMUL, &Ly->v, dealer ? NULL : b.sc, G,
-                                  dealer ? NULL : b.att, err);
-        if (st == KVS_OK)
-            st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : b.att, dim, m->frac, err);
-        if (st == KVS_OK) {
-            if (!dealer)
-                memset(b.o, 0, sizeof *b.o * dim);
-            st = kvs_mpc_matmul_w(m, &Ly->wo, dealer ? NULL : b.att, 1, dealer ? NULL : b.o,
-                                  err);
-        }
-        if (st == KVS_OK)
-            st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : b.o, dim, m->frac, err);
-        for (size_t i = 0; !dealer && i < dim; i++)
-            b.x[i] += b.o[i];
-        /* feed-forward */
-        if (st == KVS_OK)
-            st = rmsnorm(m, s, b.x, b.xn, b.t, err);
-        if (st == KVS_OK) {
-            if (!dealer)
-                memset(b.h, 0, sizeof *b.h * 2 * hid);
-            st = kvs_mpc_matmul_w(m, &Ly->w13, dealer ? NULL : b.xn, 1, dealer ? NULL : b.h,
-                                  err);
-        }
-        if (st == KVS_OK)
-            st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : b.h, 2 * hid, m->frac, err);
-        if (st == KVS_OK)
-            st = kvs_mpc_silu(m, KVS_OP_SILU, dealer ? NULL : b.h, hid, KVS_MPC_SILU_BITS(m->frac),
-                              dealer ? NULL : b.a, err);
-        if (st == KVS_OK)
-            st = kvs_mpc_mul(m, KVS_OP_SILU, dealer ? NULL : b.a, dealer ? NULL : b.h + hid, hid,
-                             dealer ? NULL : b.a, err);
-        if (st == KVS_OK)
-            st = kvs_mpc_trunc(m, KVS_OP_SILU, dealer ? NULL : b.a, hid, m->frac, err);
-        if (st == KVS_OK) {
-            if (!dealer)
-                memset(b.o, 0, sizeof *b.o * dim);
-            st = kvs_mpc_matmul_w(m, &Ly->w2, dealer ? NULL : b.a, 1, dealer ? NULL : b.o, err);
-        }
-        if (st == KVS_OK)
-            st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : b.o, dim, m->frac, err);
-        for (size_t i = 0; !dealer && i < dim; i++)
-            b.x[i] += b.o[i];
-    }
-    if (st == KVS_OK)
-        st = rmsnorm(m, s, b.x, b.xn, b.t, err);
-    if (st == KVS_OK && !dealer)
-        memset(logits, 0, sizeof *logits * (size_t)s->vocab);
-    if (st == KVS_OK)
-        st = kvs_mpc_matmul_w(m, &L->out, dealer ? NULL : b.xn, 1, dealer ? NULL : logits, err);
-    if (st == KVS_OK)
-        st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : logits, (size_t)s->vocab, m->frac,
-                           err);
-    if (st == KVS_OK)
-        L->pos++;
-    free(b.x);
-    return st;
+    return kvs_mpc_llama_forward(m, L, &token, 1, logits, err);
 }

@@ -1,4 +1,4 @@
-/* The Llama forward pass on secret shares (one token per step, full KV cache): party 1 holds
+/* The Llama forward pass on secret shares (a block of tokens per call, full KV cache): party 1 holds
  * the weights, party 0 the tokens, and both learn only what a step reveals (the logits to party
  * 0, or nothing but the next token). Every role runs the same calls; the dealer's hold only
  * shapes and its masks. Norm weights are folded into the matrices that follow them (party 1's
@@ -41,9 +41,22 @@ kvs_status kvs_mpc_llama_setup(kvs_mpc *m, const struct kvs_model *model,
                                const kvs_mpc_shape *s, kvs_mpc_llama *out, kvs_error *err);
 void kvs_mpc_llama_free(kvs_mpc_llama *L);
 
-/* One step: party 0's token (the others pass -1; only party 0's value is read) at position
- * L->pos; logits: shares of the vocab logits in fixed point (parties; NULL for the dealer). */
+/* A block of n >= 1 tokens at positions L->pos .. L->pos + n - 1 (party 0's tokens; the others
+ * pass any pointer, it is not read), each attending causally to the cache and the block's
+ * earlier tokens: every matrix product, truncation and non-linear gate takes the block's rows
+ * in one batch, so the rounds are those of one token while the bytes are the sum of the
+ * tokens'. The result equals n single steps bit for bit (tests/test_mpc_forward.c). logits:
+ * shares of the last token's vocab logits in fixed point (parties; NULL for the dealer). */
+kvs_status kvs_mpc_llama_forward(kvs_mpc *m, kvs_mpc_llama *L, const int32_t *tokens, int n,
+                                 uint64_t *logits, kvs_error *err);
+
+/* One token: kvs_mpc_llama_forward with n = 1. */
 kvs_status kvs_mpc_llama_step(kvs_mpc *m, kvs_mpc_llama *L, int32_t token, uint64_t *logits,
                               kvs_error *err);
+
+/* The prefill's block size at position pos with remaining prompt tokens left: the largest power
+ * of two up to 64 (and up to remaining) whose score matrix, n x heads x (pos + n), stays within
+ * 2^16 values. A function of public numbers only, so every role computes the same blocks. */
+int kvs_mpc_llama_block(const kvs_mpc_shape *s, int pos, int remaining);
 
 #endif

@@ -135,52 +135,99 @@ size_t kvs_dcf_key_bytes(int n)
     return 16 + (size_t)DCF_LEVEL * (size_t)n + tbit_bytes(n) + 8;
 }
 
+/* One key pair's state while its levels are generated. */
+typedef struct dcf_gen_state {
+    block s0, s1;
+    int t0, t1;
+    uint64_t v_alpha; /* the sum of both parties' outputs along alpha's path so far */
+    uint64_t alpha, beta;
+    uint8_t *k0;
+} dcf_gen_state;
+
+/* Level i of one key pair, from the expansions of both parties' seeds. */
+static void dcf_gen_level(dcf_gen_state *g, int n, int i, const node_exp *e0,
+                          const node_exp *e1, size_t tb_off)
+{
+    int a = level_bit(g->alpha, n, i), keep = a, lose = 1 - a;
+    block scw = xor_block(e0->s[lose], e1->s[lose]);
+    /* Leaving alpha's path here must bring the sum to beta if the path left goes below alpha
+     * (lose = left, so a = 1), else to 0; the parties' t differ on the path. */
+    uint64_t vcw = e1->v[lose] - e0->v[lose] - g->v_alpha;
+    if (lose == 0)
+        vcw += g->beta;
+    vcw = signed_by(g->t1, vcw);
+    g->v_alpha += e0->v[keep] - e1->v[keep] + signed_by(g->t1, vcw);
+    int tcw[2] = {e0->t[0] ^ e1->t[0] ^ a ^ 1, e0->t[1] ^ e1->t[1] ^ a};
+
+    uint8_t *lv = g->k0 + 16 + (size_t)DCF_LEVEL * (size_t)i;
+    put_block(lv, scw);
+    put_u64(lv + 16, vcw);
+    set_tbit(g->k0 + tb_off, 2 * i, tcw[0]);
+    set_tbit(g->k0 + tb_off, 2 * i + 1, tcw[1]);
+
+    g->s0 = xor_block(e0->s[keep], and_block(scw, g->t0));
+    g->s1 = xor_block(e1->s[keep], and_block(scw, g->t1));
+    g->t0 = e0->t[keep] ^ (g->t0 & tcw[keep]);
+    g->t1 = e1->t[keep] ^ (g->t1 & tcw[keep]);
+}
+
+/* Keys per batch: both parties' seeds of each, KVS_FSS_PRG_BATCH seeds in all. */
+#define DCF_GEN_BATCH (KVS_FSS_PRG_BATCH / 2)
+
+void kvs_dcf_gen_many(int n, size_t count, const uint64_t *alpha, const uint64_t *beta,
+                      const uint8_t *seeds, uint8_t *k0, uint8_t *k1)
+{
+    KVS_ASSERT(n >= 1 && n <= 64);
+    const size_t bytes = kvs_dcf_key_bytes(n);
+    const size_t tb_off = 16 + (size_t)DCF_LEVEL * (size_t)n, cw_off = tb_off + tbit_bytes(n);
+    kvs_fss_prg g;
+    kvs_fss_prg_init(&g, 0);
+    for (size_t k0i = 0; k0i < count; k0i += DCF_GEN_BATCH) {
+        const size_t m = count - k0i < DCF_GEN_BATCH ? count - k0i : DCF_GEN_BATCH;
+        dcf_gen_state st[DCF_GEN_BATCH];
+        for (size_t j = 0; j < m; j++) {
+            const size_t k = k0i + j;
+            KVS_ASSERT((alpha[k] & ~mask_bits(n)) == 0);
+            st[j] = (dcf_gen_state){get_block(seeds + 32 * k), get_block(seeds + 32 * k + 16), 0,
+                                    1, 0, alpha[k], beta[k], k0 + bytes * k};
+            memset(st[j].k0, 0, bytes);
+            memcpy(st[j].k0, seeds + 32 * k, 16);
+        }
+        for (int i = 0; i < n; i++) {
+            block in[2 * DCF_GEN_BATCH], out[2 * DCF_GEN_BATCH * 3];
+            for (size_t j = 0; j < m; j++) {
+                in[2 * j] = st[j].s0;
+                in[2 * j + 1] = st[j].s1;
+            }
+            kvs_fss_prg_expand_batch(&g, in, (int)(2 * m), 3, out);
+            for (size_t j = 0; j < m; j++) {
+                node_exp e0, e1;
+                split(out + 6 * j, 1, &e0);
+                split(out + 6 * j + 3, 1, &e1);
+                dcf_gen_level(&st[j], n, i, &e0, &e1, tb_off);
+            }
+        }
+        for (size_t j = 0; j < m; j++) {
+            /* At alpha itself f is 0: the leaf correction cancels the path's sum. */
+            put_u64(st[j].k0 + cw_off, signed_by(st[j].t1, convert(st[j].s1) -
+                                                               convert(st[j].s0) -
+                                                               st[j].v_alpha));
+            uint8_t *kk1 = k1 + bytes * (k0i + j);
+            memcpy(kk1, st[j].k0, bytes);
+            memcpy(kk1, seeds + 32 * (k0i + j) + 16, 16);
+        }
+    }
+    kvs_fss_prg_free(&g);
+}
+
 void kvs_dcf_gen(int n, uint64_t alpha, uint64_t beta, const uint8_t seed0[16],
                  const uint8_t seed1[16], uint8_t *k0, uint8_t *k1)
 {
     KVS_ASSERT(n >= 1 && n <= 64 && (alpha & ~mask_bits(n)) == 0);
-    size_t bytes = kvs_dcf_key_bytes(n);
-    size_t tb_off = 16 + (size_t)DCF_LEVEL * (size_t)n, cw_off = tb_off + tbit_bytes(n);
-    memset(k0, 0, bytes);
-    memcpy(k0, seed0, 16);
-    kvs_fss_prg g;
-    kvs_fss_prg_init(&g, 0);
-
-    block s0 = get_block(seed0), s1 = get_block(seed1);
-    int t0 = 0, t1 = 1;
-    uint64_t v_alpha = 0; /* the sum of both parties' outputs along alpha's path so far */
-    for (int i = 0; i < n; i++) {
-        node_exp e0, e1;
-        expand(&g, s0, 1, &e0);
-        expand(&g, s1, 1, &e1);
-        int a = level_bit(alpha, n, i), keep = a, lose = 1 - a;
-        block scw = xor_block(e0.s[lose], e1.s[lose]);
-        /* Leaving alpha's path here must bring the sum to beta if the path left goes below
-         * alpha (lose = left, so a = 1), else to 0; the parties' t differ on the path. */
-        uint64_t vcw = e1.v[lose] - e0.v[lose] - v_alpha;
-        if (lose == 0)
-            vcw += beta;
-        vcw = signed_by(t1, vcw);
-        v_alpha += e0.v[keep] - e1.v[keep] + signed_by(t1, vcw);
-        int tcw[2] = {e0.t[0] ^ e1.t[0] ^ a ^ 1, e0.t[1] ^ e1.t[1] ^ a};
-
-        uint8_t *lv = k0 + 16 + (size_t)DCF_LEVEL * (size_t)i;
-        put_block(lv, scw);
-        put_u64(lv + 16, vcw);
-        set_tbit(k0 + tb_off, 2 * i, tcw[0]);
-        set_tbit(k0 + tb_off, 2 * i + 1, tcw[1]);
-
-        s0 = xor_block(e0.s[keep], and_block(scw, t0));
-        s1 = xor_block(e1.s[keep], and_block(scw, t1));
-        t0 = e0.t[keep] ^ (t0 & tcw[keep]);
-        t1 = e1.t[keep] ^ (t1 & tcw[keep]);
-    }
-    /* At alpha itself f is 0: the leaf correction cancels the path's sum. */
-    put_u64(k0 + cw_off, signed_by(t1, convert(s1) - convert(s0) - v_alpha));
-    kvs_fss_prg_free(&g);
-
-    memcpy(k1, k0, bytes);
-    memcpy(k1, seed1, 16);
+    uint8_t seeds[32];
+    memcpy(seeds, seed0, 16);
+    memcpy(seeds + 16, seed1, 16);
+    kvs_dcf_gen_many(n, 1, &alpha, &beta, seeds, k0, k1);
 }
 
 static uint64_t dcf_eval1(const kvs_fss_prg *g, int b, const uint8_t *key, int n, uint64_t x)
@@ -340,11 +387,56 @@ typedef struct dpf_walk {
     uint64_t *out;
 } dpf_walk;
 
-/* Depth first from the node at level i with index idx (its path bits so far). */
+/* The last levels of the walk go breadth first, a subtree of this height at a time, so that the
+ * PRG expands KVS_FSS_PRG_BATCH independent nodes at once (AES-NI pipelines them; one node at a
+ * time waits on each AES's latency). */
+#define DPF_SUBTREE_BITS 8
+
+/* The subtree below the node at level i (index idx), breadth first, in place: the children of
+ * node j are 2j and 2j + 1, so going from the last node down never overwrites a node not yet
+ * expanded. */
+static void dpf_walk_subtree(const dpf_walk *w, int i, block s, int t, uint64_t idx)
+{
+    block S[1 << DPF_SUBTREE_BITS];
+    uint8_t T[1 << DPF_SUBTREE_BITS];
+    S[0] = s;
+    T[0] = (uint8_t)t;
+    size_t width = 1;
+    for (int lv = i; lv < w->n; lv++, width *= 2) {
+        const block scw = w->scw[lv];
+        const uint8_t tl = (uint8_t)w->tcw[lv][0], tr = (uint8_t)w->tcw[lv][1];
+        for (size_t end = width; end > 0;) {
+            const size_t cnt = end < KVS_FSS_PRG_BATCH ? end : KVS_FSS_PRG_BATCH, j0 = end - cnt;
+            block out[2 * KVS_FSS_PRG_BATCH];
+            uint8_t tin[KVS_FSS_PRG_BATCH];
+            memcpy(tin, T + j0, cnt);
+            kvs_fss_prg_expand_batch(w->g, S + j0, (int)cnt, 2, out); /* read before written */
+            for (size_t k = 0; k < cnt; k++) {
+                /* split and correct (as split and correct above), without the node struct */
+                const uint64_t m = (uint64_t)0 - (uint64_t)tin[k];
+                const block l = out[2 * k], r = out[2 * k + 1];
+                const size_t c = 2 * (j0 + k);
+                S[c].lo = (l.lo & ~(uint64_t)1) ^ (scw.lo & m);
+                S[c].hi = l.hi ^ (scw.hi & m);
+                T[c] = (uint8_t)((l.lo & 1) ^ (tin[k] & tl));
+                S[c + 1].lo = (r.lo & ~(uint64_t)1) ^ (scw.lo & m);
+                S[c + 1].hi = r.hi ^ (scw.hi & m);
+                T[c + 1] = (uint8_t)((r.lo & 1) ^ (tin[k] & tr));
+            }
+            end = j0;
+        }
+    }
+    for (size_t j = 0; j < width; j++)
+        w->out[(idx << (w->n - i)) | j] =
+            signed_by(w->b, convert(S[j]) + (w->cw & ((uint64_t)0 - (uint64_t)T[j])));
+}
+
+/* Depth first from the node at level i with index idx (its path bits so far), down to the
+ * subtrees. */
 static void dpf_walk_node(const dpf_walk *w, int i, block s, int t, uint64_t idx)
 {
-    if (i == w->n) {
-        w->out[idx] = signed_by(w->b, convert(s) + (w->cw & ((uint64_t)0 - (uint64_t)t)));
+    if (w->n - i <= DPF_SUBTREE_BITS) {
+        dpf_walk_subtree(w, i, s, t, idx);
         return;
     }
     node_exp e;

@@ -49,6 +49,11 @@ size_t kvs_dcf_key_bytes(int n);
  * for every key pair). k0, k1: kvs_dcf_key_bytes(n) bytes each. */
 void kvs_dcf_gen(int n, uint64_t alpha, uint64_t beta, const uint8_t seed0[16],
                  const uint8_t seed1[16], uint8_t *k0, uint8_t *k1);
+/* The same for count key pairs at once (their AES blocks pipelined): pair i from the seeds
+ * seeds[32 i, +16) and [32 i + 16, +16), written to k0 + i kvs_dcf_key_bytes(n) and k1 + i
+ * kvs_dcf_key_bytes(n); equal to count calls of kvs_dcf_gen. */
+void kvs_dcf_gen_many(int n, size_t count, const uint64_t *alpha, const uint64_t *beta,
+                      const uint8_t *seeds, uint8_t *k0, uint8_t *k1);
 /* Party b: its share of f(x); the two parties' shares sum to f(x) mod 2^64. */
 uint64_t kvs_dcf_eval(int b, const uint8_t *key, int n, uint64_t x);
 /* Party b: out[i] = its share of f_i(xs[i]) for count keys laid out consecutively in keys

@@ -33,7 +33,7 @@ void kvs_fss_prg_expand(const kvs_fss_prg *g, kvs_fss_block s, int nout, kvs_fss
 
 /* The batched form, so that AES-NI pipelines independent blocks: out[i nout + j] = G_j(s[i]) for
  * i < count <= KVS_FSS_PRG_BATCH. */
-#define KVS_FSS_PRG_BATCH 4
+#define KVS_FSS_PRG_BATCH 8
 void kvs_fss_prg_expand_batch(const kvs_fss_prg *g, const kvs_fss_block *s, int count, int nout,
                               kvs_fss_block *out);
 

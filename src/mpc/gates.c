@@ -162,6 +162,11 @@ kvs_status kvs_mpc_trunc(kvs_mpc *m, kvs_mpc_op op, uint64_t *x, size_t n, int f
         tmp[i] = kvs_mpc_add_public(m, x[i], bias) + r[i];
     st = kvs_mpc_open(m, op, tmp, n, c, err);
     const int b = (int)m->role;
+    uint64_t *borrow = alpha; /* the parties' use of the dealer's array */
+    for (size_t i = 0; st == KVS_OK && i < n; i++)
+        tmp[i] = c[i] & low;
+    if (st == KVS_OK) /* all the keys in one batched walk */
+        kvs_dcf_eval_many(b, keys, f, tmp, n, borrow);
     for (size_t i = 0; st == KVS_OK && i < n; i++) {
         /* y = x + 2^62 = c - r + wrap 2^64, so floor(y / 2^f) = floor(c / 2^f) - floor(r / 2^f)
          * - borrow + wrap 2^(64 - f); then remove the bias's 2^(62 - f). As y < 2^63, c = y + r
@@ -169,9 +174,8 @@ kvs_status kvs_mpc_trunc(kvs_mpc *m, kvs_mpc_op op, uint64_t *x, size_t n, int f
          * r >= 2^63 gives c >= 2^63 without the wrap and c < y < 2^63 with it): the wrap is
          * the dealer's msb(r) share, kept when c's top bit is clear. No comparison over 64
          * bits. */
-        const uint64_t borrow = kvs_dcf_eval(b, keys + kb * i, f, c[i] & low);
         const uint64_t wrap = (c[i] >> 63) ? 0 : rq[n + i];
-        uint64_t y = wrap - borrow - rq[i];
+        uint64_t y = wrap - borrow[i] - rq[i];
         y = kvs_mpc_add_public(m, y, (c[i] >> f) - (bias >> f));
         x[i] = y;
     }

@@ -29,11 +29,13 @@ static kvs_status no_memory(kvs_error *err, size_t n)
 }
 
 kvs_status kvs_mpc_cache_append(kvs_mpc *m, kvs_mpc_op op, kvs_mpc_cache *c,
-                                const uint64_t *rows, kvs_error *err)
+                                const uint64_t *rows, size_t n, kvs_error *err)
 {
     const size_t w = (size_t)c->heads * c->d;
-    if (c->len == c->cap) {
-        const size_t cap = c->cap ? 2 * c->cap : 64;
+    if (c->len + n > c->cap) {
+        size_t cap = c->cap ? 2 * c->cap : 64;
+        while (cap < c->len + n)
+            cap *= 2;
         uint64_t *E = realloc(c->E, sizeof *E * cap * w);
         if (E)
             c->E = E;
@@ -45,19 +47,19 @@ kvs_status kvs_mpc_cache_append(kvs_mpc *m, kvs_mpc_op op, kvs_mpc_cache *c,
         c->cap = cap;
     }
     uint64_t *B = c->B + c->len * w, *E = c->E + c->len * w;
-    kvs_corr_masks(m, w, B);
+    kvs_corr_masks(m, n * w, B);
     kvs_status st = KVS_OK;
     if (!kvs_mpc_is_dealer(m)) {
-        uint64_t *t = malloc(sizeof *t * w);
+        uint64_t *t = malloc(sizeof *t * (n * w + 1));
         if (!t)
-            return no_memory(err, w);
-        for (size_t i = 0; i < w; i++)
+            return no_memory(err, n * w);
+        for (size_t i = 0; i < n * w; i++)
             t[i] = rows[i] - B[i];
-        st = kvs_mpc_open(m, op, t, w, E, err);
+        st = kvs_mpc_open(m, op, t, n * w, E, err);
         free(t);
     }
     if (st == KVS_OK)
-        c->len++;
+        c->len += n;
     return st;
 }
 
@@ -68,27 +70,28 @@ static inline const uint64_t *row_of(const kvs_mpc_cache *c, const uint64_t *M, 
 }
 
 kvs_status kvs_mpc_cache_qk(kvs_mpc *m, kvs_mpc_op op, const kvs_mpc_cache *c,
-                            const uint64_t *x, int G, uint64_t *out, kvs_error *err)
+                            const uint64_t *x, size_t n, int G, uint64_t *out, kvs_error *err)
 {
-    const int H = c->heads, d = c->d;
-    const size_t T = c->len, nx = (size_t)H * G * d, no = (size_t)H * G * T;
+    const int d = c->d;
+    const size_t T = c->len, Q = n * (size_t)c->heads * G; /* query vectors [r][h][g] */
+    const size_t nx = Q * d, no = Q * T;
     uint64_t *A = malloc(sizeof *A * (nx + no + nx + 1));
     if (!A)
         return no_memory(err, nx + no);
     uint64_t *v = A + nx, *D = v + no;
     kvs_corr_masks(m, nx, A);
     if (kvs_mpc_is_dealer(m)) /* v = A B^T */
-        for (int h = 0; h < H; h++)
-            for (int g = 0; g < G; g++) {
-                const uint64_t *a = A + ((size_t)h * G + g) * d;
-                for (size_t t = 0; t < T; t++) {
-                    const uint64_t *b = row_of(c, c->B, t, h);
-                    uint64_t s = 0;
-                    for (int i = 0; i < d; i++)
-                        s += a[i] * b[i];
-                    v[((size_t)h * G + g) * T + t] = s;
-                }
+        for (size_t q = 0; q < Q; q++) {
+            const uint64_t *a = A + q * d;
+            const int h = (int)(q / G % (size_t)c->heads);
+            for (size_t t = 0; t < T; t++) {
+                const uint64_t *b = row_of(c, c->B, t, h);
+                uint64_t s = 0;
+                for (int i = 0; i < d; i++)
+                    s += a[i] * b[i];
+                v[q * T + t] = s;
             }
+        }
     kvs_status st = kvs_corr_shares(m, op, no, v, v, err);
     if (st != KVS_OK || kvs_mpc_is_dealer(m)) {
         free(A);
@@ -97,43 +100,44 @@ kvs_status kvs_mpc_cache_qk(kvs_mpc *m, kvs_mpc_op op, const kvs_mpc_cache *c,
     for (size_t i = 0; i < nx; i++)
         A[i] = x[i] - A[i];
     st = kvs_mpc_open(m, op, A, nx, D, err);
-    for (int h = 0; st == KVS_OK && h < H; h++)
-        for (int g = 0; g < G; g++) {
-            const uint64_t *xr = x + ((size_t)h * G + g) * d, *dr = D + ((size_t)h * G + g) * d;
-            for (size_t t = 0; t < T; t++) {
-                const uint64_t *e = row_of(c, c->E, t, h), *b = row_of(c, c->B, t, h);
-                uint64_t s = v[((size_t)h * G + g) * T + t];
-                for (int i = 0; i < d; i++)
-                    s += xr[i] * e[i] + dr[i] * b[i];
-                out[((size_t)h * G + g) * T + t] = s;
-            }
+    for (size_t q = 0; st == KVS_OK && q < Q; q++) {
+        const uint64_t *xr = x + q * d, *dr = D + q * d;
+        const int h = (int)(q / G % (size_t)c->heads);
+        for (size_t t = 0; t < T; t++) {
+            const uint64_t *e = row_of(c, c->E, t, h), *b = row_of(c, c->B, t, h);
+            uint64_t s = v[q * T + t];
+            for (int i = 0; i < d; i++)
+                s += xr[i] * e[i] + dr[i] * b[i];
+            out[q * T + t] = s;
         }
+    }
     free(A);
     return st;
 }
 
 kvs_status kvs_mpc_cache_pv(kvs_mpc *m, kvs_mpc_op op, const kvs_mpc_cache *c,
-                            const uint64_t *p, int G, uint64_t *out, kvs_error *err)
+                            const uint64_t *p, size_t n, int G, uint64_t *out, kvs_error *err)
 {
-    const int H = c->heads, d = c->d;
-    const size_t T = c->len, np = (size_t)H * G * T, no = (size_t)H * G * d;
+    const int d = c->d;
+    const size_t T = c->len, Q = n * (size_t)c->heads * G; /* probability rows [r][h][g] */
+    const size_t np = Q * T, no = Q * d;
     uint64_t *A = malloc(sizeof *A * (np + no + np + 1));
     if (!A)
         return no_memory(err, np + no);
     uint64_t *v = A + np, *D = v + no;
     kvs_corr_masks(m, np, A);
     if (kvs_mpc_is_dealer(m)) /* v = A B */
-        for (int h = 0; h < H; h++)
-            for (int g = 0; g < G; g++) {
-                uint64_t *vr = v + ((size_t)h * G + g) * d;
-                memset(vr, 0, sizeof *vr * d);
-                for (size_t t = 0; t < T; t++) {
-                    const uint64_t a = A[((size_t)h * G + g) * T + t];
-                    const uint64_t *b = row_of(c, c->B, t, h);
-                    for (int i = 0; i < d; i++)
-                        vr[i] += a * b[i];
-                }
+        for (size_t q = 0; q < Q; q++) {
+            uint64_t *vr = v + q * d;
+            const int h = (int)(q / G % (size_t)c->heads);
+            memset(vr, 0, sizeof *vr * d);
+            for (size_t t = 0; t < T; t++) {
+                const uint64_t a = A[q * T + t];
+                const uint64_t *b = row_of(c, c->B, t, h);
+                for (int i = 0; i < d; i++)
+                    vr[i] += a * b[i];
             }
+        }
     kvs_status st = kvs_corr_shares(m, op, no, v, v, err);
     if (st != KVS_OK || kvs_mpc_is_dealer(m)) {
         free(A);
@@ -142,18 +146,17 @@ kvs_status kvs_mpc_cache_pv(kvs_mpc *m, kvs_mpc_op op, const kvs_mpc_cache *c,
     for (size_t i = 0; i < np; i++)
         A[i] = p[i] - A[i];
     st = kvs_mpc_open(m, op, A, np, D, err);
-    for (int h = 0; st == KVS_OK && h < H; h++)
-        for (int g = 0; g < G; g++) {
-            uint64_t *o = out + ((size_t)h * G + g) * d;
-            memcpy(o, v + ((size_t)h * G + g) * d, sizeof *o * d);
-            for (size_t t = 0; t < T; t++) {
-                const uint64_t pt = p[((size_t)h * G + g) * T + t];
-                const uint64_t dt = D[((size_t)h * G + g) * T + t];
-                const uint64_t *e = row_of(c, c->E, t, h), *b = row_of(c, c->B, t, h);
-                for (int i = 0; i < d; i++)
-                    o[i] += pt * e[i] + dt * b[i];
-            }
+    for (size_t q = 0; st == KVS_OK && q < Q; q++) {
+        uint64_t *o = out + q * d;
+        const int h = (int)(q / G % (size_t)c->heads);
+        memcpy(o, v + q * d, sizeof *o * d);
+        for (size_t t = 0; t < T; t++) {
+            const uint64_t pt = p[q * T + t], dt = D[q * T + t];
+            const uint64_t *e = row_of(c, c->E, t, h), *b = row_of(c, c->B, t, h);
+            for (int i = 0; i < d; i++)
+                o[i] += pt * e[i] + dt * b[i];
         }
+    }
     free(A);
     return st;
 }

@@ -1,4 +1,4 @@
-/* The secret KV cache of the two-party engine: rows appended one token at a time, each opened
+/* The secret KV cache of the two-party engine: rows appended a block of tokens at a time, each opened
  * once under a fresh dealer mask (E = row - B: uniform to both parties), so that a product with a
  * later query costs one opening of the query's masked copy, not of the whole cache. For a shared
  * x and a cached M = E + B: x M^T = x E^T (local, E public) + (x - A) B^T + A B^T, with A a fresh
@@ -18,20 +18,21 @@ typedef struct kvs_mpc_cache {
 void kvs_mpc_cache_init(kvs_mpc_cache *c, int heads, int d);
 void kvs_mpc_cache_free(kvs_mpc_cache *c);
 
-/* Appends one row per head (rows: heads x d shares; NULL for the dealer): one opening of
- * heads x d words. */
+/* Appends n tokens' rows (rows: n x heads x d shares; NULL for the dealer): one opening of
+ * n x heads x d words. */
 kvs_status kvs_mpc_cache_append(kvs_mpc *m, kvs_mpc_op op, kvs_mpc_cache *c,
-                                const uint64_t *rows, kvs_error *err);
+                                const uint64_t *rows, size_t n, kvs_error *err);
 
-/* out[h][g][t] = sum_i x[h][g][i] M[h][t][i] (mod 2^64, no truncation) for G queries per head
- * (x: heads x G x d; out: heads x G x len): one opening of heads x G x d words; the dealer sends
- * party 1 heads x G x len words. */
+/* For n query rows r: out[r][h][g][t] = sum_i x[r][h][g][i] M[h][t][i] (mod 2^64, no
+ * truncation) for G queries per head (x: n x heads x G x d; out: n x heads x G x len): one
+ * opening of n x heads x G x d words; the dealer sends party 1 n x heads x G x len words. */
 kvs_status kvs_mpc_cache_qk(kvs_mpc *m, kvs_mpc_op op, const kvs_mpc_cache *c,
-                            const uint64_t *x, int G, uint64_t *out, kvs_error *err);
+                            const uint64_t *x, size_t n, int G, uint64_t *out, kvs_error *err);
 
-/* out[h][g][i] = sum_t p[h][g][t] M[h][t][i] (p: heads x G x len; out: heads x G x d): one
- * opening of heads x G x len words; the dealer sends party 1 heads x G x d words. */
+/* For n rows r: out[r][h][g][i] = sum_t p[r][h][g][t] M[h][t][i] (p: n x heads x G x len; out:
+ * n x heads x G x d): one opening of n x heads x G x len words; the dealer sends party 1
+ * n x heads x G x d words. */
 kvs_status kvs_mpc_cache_pv(kvs_mpc *m, kvs_mpc_op op, const kvs_mpc_cache *c,
-                            const uint64_t *p, int G, uint64_t *out, kvs_error *err);
+                            const uint64_t *p, size_t n, int G, uint64_t *out, kvs_error *err);
 
 #endif

@@ -51,12 +51,18 @@ kvs_status kvs_mpc_nonneg_bits(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, siz
         if (st == KVS_OK)
             st = kvs_chan_recv(m->peer, op, in, (size_t)nb * n, err);
         const int b = (int)m->role;
+        uint64_t *c = alpha, *borrow = beta; /* the parties' use of the dealer's arrays */
         for (size_t i = 0; st == KVS_OK && i < n; i++) {
-            const uint64_t c = low_bits(kvs_mpc_unpack(in, i, bits) + x[i] + r[i], bits);
+            c[i] = low_bits(kvs_mpc_unpack(in, i, bits) + x[i] + r[i], bits);
+            tmp[i] = low_bits(c[i], lb);
+        }
+        if (st == KVS_OK) /* all the keys in one batched walk */
+            kvs_dcf_eval_many(b, keys, lb, tmp, n, borrow);
+        for (size_t i = 0; st == KVS_OK && i < n; i++) {
             /* u = top(r) xor borrow, as shares; msb(x) = top(c) xor u */
-            const uint64_t u = rh[i] + kvs_dcf_eval(b, keys + kb * i, lb, low_bits(c, lb));
+            const uint64_t u = rh[i] + borrow[i];
             const uint64_t one = b == 0 ? 1 : 0;
-            const uint64_t msb = (c >> lb) ? one - u : u;
+            const uint64_t msb = (c[i] >> lb) ? one - u : u;
             d[i] = one - msb;
         }
     }

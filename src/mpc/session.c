@@ -353,7 +353,14 @@ static kvs_status next_token(kvs_mpc *m, const uint64_t *sh, int V, int32_t *tok
     return st;
 }
 
-/* Party 0's loop: steps, the secure argmax, callbacks. Snapshots at the phase ends. */
+/* The tokens of the forward call that starts at token i: the prompt in blocks (a function of
+ * public numbers, so every role agrees), then one token per step. */
+static int call_tokens(const kvs_mpc_llama *L, int i, int P)
+{
+    return i < P ? kvs_mpc_llama_block(&L->s, i, P - i) : 1;
+}
+
+/* Party 0's loop: forward calls, the secure argmax, callbacks. Snapshots at the phase ends. */
 static kvs_status loop_p0(const kvs_mpc_session_cfg *cfg, kvs_mpc *m, kvs_mpc_llama *L,
                           uint64_t *sh, kvs_mpc_session_result *res, snap *s,
                           kvs_error *err)
@@ -362,25 +369,27 @@ static kvs_status loop_p0(const kvs_mpc_session_cfg *cfg, kvs_mpc *m, kvs_mpc_ll
     kvs_status st = KVS_OK;
     if (N > 0 && !(res->generated = malloc(sizeof *res->generated * (size_t)N)))
         return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for %d tokens", N);
-    for (int i = 0;; i++) {
-        const int32_t tok = i < T ? cfg->tokens[i] : res->generated[i - T];
+    for (int i = 0;;) {
+        const int n = call_tokens(L, i, P), last = i + n - 1;
+        const int32_t *tok = i < T ? cfg->tokens + i : res->generated + (i - T);
         if ((st = control_send(m, 1, err)) != KVS_OK ||
-            (st = kvs_mpc_llama_step(m, L, tok, sh, err)) != KVS_OK)
+            (st = kvs_mpc_llama_forward(m, L, tok, n, sh, err)) != KVS_OK)
             return st;
-        res->phase[i < P ? KVS_MPC_PHASE_PREFILL : KVS_MPC_PHASE_DECODE].steps++;
+        res->phase[i < P ? KVS_MPC_PHASE_PREFILL : KVS_MPC_PHASE_DECODE].steps += (uint64_t)n;
+        i = last + 1;
         int32_t best = -1;
-        if (i >= P - 1 && (st = next_token(m, sh, V, &best, err)) != KVS_OK)
+        if (last >= P - 1 && (st = next_token(m, sh, V, &best, err)) != KVS_OK)
             return st;
-        if (i == P - 1)
+        if (last == P - 1)
             take_snap(m, &s[KVS_MPC_PHASE_PREFILL]);
-        if (i < T - 1) {
-            if (i >= P - 1) {
+        if (last < T - 1) {
+            if (last >= P - 1) {
                 res->forced++;
-                res->forced_top1 += best == cfg->tokens[i + 1];
+                res->forced_top1 += best == cfg->tokens[last + 1];
             }
             continue;
         }
-        if (i == T - 1 && cfg->on_prefilled)
+        if (last == T - 1 && cfg->on_prefilled)
             cfg->on_prefilled(cfg->cb_ctx);
         if (res->n_generated >= N)
             break;
@@ -398,27 +407,30 @@ static kvs_status loop_p0(const kvs_mpc_session_cfg *cfg, kvs_mpc *m, kvs_mpc_ll
     return control_send(m, 0, err);
 }
 
-/* Party 1's and the dealer's loop: steps until party 0 says stop. */
+/* Party 1's and the dealer's loop: forward calls until party 0 says stop. */
 static kvs_status loop_other(const kvs_mpc_session_cfg *cfg, kvs_mpc *m, kvs_mpc_llama *L,
                              int P, uint64_t *sh, kvs_mpc_session_result *res, snap *s,
                              kvs_error *err)
 {
     kvs_status st;
-    for (int i = 0;; i++) {
+    for (int i = 0, call = 1;; call++) {
         uint8_t go = 0;
         if ((st = control_recv(m, &go, err)) != KVS_OK)
             return st;
         if (!go)
             return KVS_OK;
-        if (cfg->test_kill_step > 0 && i + 1 >= cfg->test_kill_step)
+        if (cfg->test_kill_step > 0 && call >= cfg->test_kill_step)
             raise(SIGKILL); /* tests only: a server or a dealer dying mid-run */
-        if ((st = kvs_mpc_llama_step(m, L, -1, sh, err)) != KVS_OK)
+        const int32_t none = -1;
+        const int n = call_tokens(L, i, P), last = i + n - 1;
+        if ((st = kvs_mpc_llama_forward(m, L, &none, n, sh, err)) != KVS_OK)
             return st;
-        res->phase[i < P ? KVS_MPC_PHASE_PREFILL : KVS_MPC_PHASE_DECODE].steps++;
+        res->phase[i < P ? KVS_MPC_PHASE_PREFILL : KVS_MPC_PHASE_DECODE].steps += (uint64_t)n;
+        i = last + 1;
         int32_t unused;
-        if (i >= P - 1 && (st = next_token(m, sh, L->s.vocab, &unused, err)) != KVS_OK)
+        if (last >= P - 1 && (st = next_token(m, sh, L->s.vocab, &unused, err)) != KVS_OK)
             return st;
-        if (i == P - 1)
+        if (last == P - 1)
             take_snap(m, &s[KVS_MPC_PHASE_PREFILL]);
     }
 }
