@@ -237,8 +237,8 @@ static void print_report(FILE *f, const kvs_mpc_session_result *r, int plain, in
     fprintf(f, "\n%s\n", plain ? "channels: plain (no encryption) — loopback measurement only"
                                : "channels: AES-256-GCM");
     fprintf(f, "mpc: %s, Z_2^64 with %d fraction bits; %d prompt tokens (prefilled in blocks), "
-               "%d generated token%s (%.0f decode step%s)\n", model_label, frac, n_prompt_steps, r->n_generated,
-            r->n_generated == 1 ? "" : "s", nd, nd == 1 ? "" : "s");
+               "%d generated token%s (%.0f decode step%s)\n", model_label, frac, n_prompt_steps,
+            r->n_generated, r->n_generated == 1 ? "" : "s", nd, nd == 1 ? "" : "s");
     if (r->forced)
         fprintf(f, "teacher-forced: %d steps, argmax = next token on %d (%.2f%%)\n", r->forced,
                 r->forced_top1, 100.0 * r->forced_top1 / r->forced);
