@@ -461,7 +461,7 @@ static void corrupt(int plain, uint64_t k, kvs_status want, const char *want_msg
 
 static void test_corruption(void)
 {
-    const char *auth = "message authentication failed (corrupted, replayed or from another sender)";
+    const char *auth = "message authentication failed on the link to party ";
     corrupt(0, HDR + 5, KVS_ERR_FORMAT, auth);        /* a payload byte */
     corrupt(0, HDR + 100 + 3, KVS_ERR_FORMAT, auth);  /* a tag byte */
     corrupt(0, 12, KVS_ERR_FORMAT, auth);             /* the sequence number */
@@ -614,7 +614,8 @@ static void test_closed(int plain, size_t part)
     run_pair(&a, &b);
     char want[128];
     const size_t frame = HDR + 100 + (plain ? 0 : TAG);
-    snprintf(want, sizeof want, "peer closed the connection while we waited for mul (%zu of %zu bytes)",
+    snprintf(want, sizeof want,
+             "party 1 closed the connection while we waited for mul (%zu of %zu bytes)",
              part == 0 ? (size_t)0 : (size_t)HDR + part, frame);
     CHECKF(a.st == KVS_ERR_IO && strstr(a.err.msg, want), "status %d, '%s' (want '%s')", a.st,
            a.err.msg, want);

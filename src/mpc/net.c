@@ -138,10 +138,9 @@ static const char *duration(int ms, char *buf, size_t size)
     return buf;
 }
 
-static const char *auth_failed(void)
-{
-    return "message authentication failed (corrupted, replayed or from another sender)";
-}
+/* The GCM failure, naming the link (an argument: role_name of the peer). */
+#define AUTH_FAILED_PREFIX "message authentication failed"
+#define AUTH_FAILED AUTH_FAILED_PREFIX " on the link to %s (corrupted, replayed or from another sender)"
 
 static const char *closed_hint(const kvs_chan *c)
 {
@@ -223,8 +222,8 @@ kvs_status kvs_chan_flush(kvs_chan *c, kvs_error *err)
             if (rr == -2)
                 c->peer_eof = 1;
             else if (rr < 0)
-                return CHAN_FAIL(c, err, KVS_ERR_IO, "cannot read from the peer while sending %s: %s",
-                                 kvs_mpc_op_name(c->out_op), strerror(errno));
+                return CHAN_FAIL(c, err, KVS_ERR_IO, "cannot read from %s while sending %s: %s",
+                                 role_name(c->peer_role), kvs_mpc_op_name(c->out_op), strerror(errno));
         }
         if (pfd.revents & (POLLOUT | POLLERR | POLLHUP)) {
             ssize_t w = send(c->fd, c->out.p + c->out_done, c->out.n - c->out_done, MSG_NOSIGNAL);
@@ -233,11 +232,11 @@ kvs_status kvs_chan_flush(kvs_chan *c, kvs_error *err)
             } else if (w < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
                 if (errno == EPIPE || errno == ECONNRESET)
                     return CHAN_FAIL(c, err, KVS_ERR_IO,
-                                     "peer closed the connection while we sent %s (%zu of %zu bytes)%s",
-                                     kvs_mpc_op_name(c->out_op), c->out_done, c->out.n,
+                                     "%s closed the connection while we sent %s (%zu of %zu bytes)%s",
+                                     role_name(c->peer_role), kvs_mpc_op_name(c->out_op), c->out_done, c->out.n,
                                      closed_hint(c));
-                return CHAN_FAIL(c, err, KVS_ERR_IO, "cannot send %s to the peer: %s",
-                                 kvs_mpc_op_name(c->out_op), strerror(errno));
+                return CHAN_FAIL(c, err, KVS_ERR_IO, "cannot send %s to %s: %s",
+                                 kvs_mpc_op_name(c->out_op), role_name(c->peer_role), strerror(errno));
             }
         }
     }
@@ -256,8 +255,8 @@ static kvs_status need(kvs_chan *c, size_t want, size_t total, kvs_mpc_op op, kv
             continue;
         if (rr == -2)
             return CHAN_FAIL(c, err, KVS_ERR_IO,
-                             "peer closed the connection while we waited for %s (%zu of %zu bytes)%s",
-                             kvs_mpc_op_name(op), have, total, closed_hint(c));
+                             "%s closed the connection while we waited for %s (%zu of %zu bytes)%s",
+                             role_name(c->peer_role), kvs_mpc_op_name(op), have, total, closed_hint(c));
         if (rr < 0)
             return CHAN_FAIL(c, err, errno == ENOMEM ? KVS_ERR_NOMEM : KVS_ERR_IO,
                              "cannot read %s from the peer: %s", kvs_mpc_op_name(op),
@@ -350,7 +349,7 @@ static kvs_status recv_msg(kvs_chan *c, kvs_mpc_op op, void *buf, size_t n_min, 
         return CHAN_FAIL(c, err, KVS_ERR_FORMAT,
                          "malformed message header: not a kvslim peer or a corrupted stream");
     if (c->enc && (seq != c->recv_seq || !(flags & FLAG_ENCRYPTED)))
-        return CHAN_FAIL(c, err, KVS_ERR_FORMAT, "%s", auth_failed());
+        return CHAN_FAIL(c, err, KVS_ERR_FORMAT, AUTH_FAILED, role_name(c->peer_role));
     if (!c->enc && (flags & FLAG_ENCRYPTED))
         return CHAN_FAIL(c, err, KVS_ERR_FORMAT,
                          "the peer sent an encrypted message on a plain channel");
@@ -383,7 +382,7 @@ static kvs_status recv_msg(kvs_chan *c, kvs_mpc_op op, void *buf, size_t n_min, 
         if (kvs_gcm_open(c->open, c->recv_seq, h, KVS_CHAN_HEADER_BYTES, body, n, dst, body + n) != 0) {
             if (n > 0)
                 OPENSSL_cleanse(buf, n);
-            return CHAN_FAIL(c, err, KVS_ERR_FORMAT, "%s", auth_failed());
+            return CHAN_FAIL(c, err, KVS_ERR_FORMAT, AUTH_FAILED, role_name(c->peer_role));
         }
     } else if (n > 0) {
         memcpy(buf, body, n);
@@ -530,8 +529,8 @@ static kvs_status handshake(kvs_chan *c, const kvs_chan_params *p, kvs_error *er
     if (st == KVS_OK)
         st = recv_msg(c, KVS_OP_HANDSHAKE, confirm, sizeof confirm, sizeof confirm, &len, err);
     if (st == KVS_OK && memcmp(confirm, confirm_text, sizeof confirm) != 0)
-        st = kvs_fail(err, KVS_ERR_FORMAT, "%s", auth_failed());
-    if (st != KVS_OK && err && strcmp(err->msg, auth_failed()) == 0)
+        st = kvs_fail(err, KVS_ERR_FORMAT, AUTH_FAILED, role_name(c->peer_role));
+    if (st != KVS_OK && err && strncmp(err->msg, AUTH_FAILED_PREFIX, strlen(AUTH_FAILED_PREFIX)) == 0)
         return kvs_fail(err, KVS_ERR_FORMAT,
                         "handshake failed: the peer's key confirmation did not authenticate (the "
                         "two ends hold different pre-shared keys, or the handshake was altered in "
