@@ -8,8 +8,8 @@
 #   bench/mpc_bench.sh [BUILD_DIR]           (default BUILD_DIR: <repo>/build)
 # Env: CONTEXTS ("128 256 512": stories260K), RECALL_CONTEXTS ("1024 2048": the recall model;
 #      "" to skip), PLAIN (1: --insecure-plain, the loopback measurement; 0: encrypted).
-# Every prompt token is its own protocol step today (no batched prefill), so the prefill of a
-# context T costs time quadratic in T: the recall contexts take hours.
+# The prompt is prefilled in blocks (its rounds are those of one token), but its bytes and time
+# still grow with T^2 through the attention: the 2048-token context takes about ten minutes.
 # Output: a markdown table on stdout, progress on stderr, BUILD_DIR/bench/mpc/mpc.json.
 # A benchmark, not a test.
 set -euo pipefail

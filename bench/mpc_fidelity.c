@@ -1,6 +1,7 @@
 /* Fidelity of the secure forward pass (src/mpc/forward.c) against the plaintext engine on a
- * token file: every token fed one at a time through the three roles (threads, loopback socket
- * pairs, plain channels), the logits opened after each; top-1 agreement, mean KL(plain || secure)
+ * token file: the first PROMPT_LEN tokens prefilled in blocks, then every token one at a time,
+ * through the three roles (threads, loopback socket pairs, plain channels), the logits opened
+ * after the prefill and after each later token; top-1 agreement, mean KL(plain || secure)
  * and the largest logit error over the scored rows (rows from --prompt-len on: the README
  * protocol scores t = 384..510 of stories260K-sample-512), with per-token costs, and the last
  * scored row's argmax and margin (a recall prompt's answer). A benchmark,
@@ -22,8 +23,8 @@ typedef struct fid_ctx {
     const struct kvs_model *model;
     kvs_mpc_shape shape;
     const int32_t *tokens;
-    int n;
-    float *logits; /* n x vocab, party 0's */
+    int n, plen;
+    float *logits; /* n x vocab, party 0's (rows plen - 1 .. n - 1) */
 } fid_ctx;
 
 static double now(void)
@@ -46,16 +47,18 @@ static kvs_status program(kvs_mpc *m, void *ctx, kvs_error *err)
     if (!sh || !open)
         st = kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
     const double t0 = now();
-    for (int t = 0; t < c->n && st == KVS_OK; t++) {
-        st = kvs_mpc_llama_step(m, &L, m->role == KVS_MPC_P0 ? c->tokens[t] : -1,
-                                kvs_mpc_is_dealer(m) ? NULL : sh, err);
-        if (st == KVS_OK)
+    for (int t = 0; t < c->n && st == KVS_OK;) {
+        const int k = t < c->plen ? kvs_mpc_llama_block(&c->shape, t, c->plen - t) : 1;
+        st = kvs_mpc_llama_forward(m, &L, c->tokens + t, k, kvs_mpc_is_dealer(m) ? NULL : sh,
+                                   err);
+        t += k;
+        if (st == KVS_OK && t >= c->plen)
             st = kvs_mpc_reveal(m, KVS_OP_OPEN, 0, sh, (size_t)V, open, err);
         if (st == KVS_OK && m->role == KVS_MPC_P0) {
-            for (int v = 0; v < V; v++)
-                c->logits[(size_t)t * V + v] = (float)kvs_fx_decode(open[v], m->frac);
-            if ((t + 1) % 32 == 0)
-                fprintf(stderr, "mpc_fidelity: %d of %d tokens, %.1f s\n", t + 1, c->n,
+            for (int v = 0; t >= c->plen && v < V; v++)
+                c->logits[(size_t)(t - 1) * V + v] = (float)kvs_fx_decode(open[v], m->frac);
+            if (t % 32 < k || t == c->n)
+                fprintf(stderr, "mpc_fidelity: %d of %d tokens, %.1f s\n", t, c->n,
                         now() - t0);
         }
     }
@@ -97,11 +100,11 @@ int main(int argc, char **argv)
     if (argc > 4 && atoi(argv[4]) > 0 && atoi(argv[4]) < n)
         n = atoi(argv[4]);
     const int frac = argc > 5 ? atoi(argv[5]) : 16;
-    if (n < 2 || plen >= n) {
+    if (n < 2 || plen < 1 || plen >= n) {
         fprintf(stderr, "mpc_fidelity: %d tokens, prompt length %d\n", n, plen);
         return 2;
     }
-    fid_ctx c = {.model = model, .tokens = tok, .n = n};
+    fid_ctx c = {.model = model, .tokens = tok, .n = n, .plen = plen};
     kvs_mpc_shape_of(model, &c.shape);
     const int V = c.shape.vocab;
     float *plain = malloc(sizeof *plain * (size_t)n * V);
