@@ -154,6 +154,19 @@ static kvs_status mul_public(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, const
     return kvs_mpc_trunc(m, op, kvs_mpc_is_dealer(m) ? NULL : y, n, m->frac, err);
 }
 
+/* y = x W for n rows of x, truncated back to frac (the weight's products carry 2 frac). */
+static kvs_status linear(kvs_mpc *m, const kvs_mpc_weight *w, const uint64_t *x, size_t n,
+                         uint64_t *y, kvs_error *err)
+{
+    const int dealer = kvs_mpc_is_dealer(m);
+    if (!dealer)
+        memset(y, 0, sizeof *y * n * w->n);
+    kvs_status st = kvs_mpc_matmul_w(m, w, dealer ? NULL : x, n, dealer ? NULL : y, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : y, n * w->n, m->frac, err);
+    return st;
+}
+
 /* xn = x / rms(x) for each of n rows (its weight is folded into the next matrix): the mean
  * square by products and a public 1/dim, plus eps, its reciprocal square root, a product.
  * tmp: n x dim words; row: 3 n words. */
@@ -296,14 +309,8 @@ static kvs_status attention(kvs_mpc *m, kvs_mpc_llama *L, kvs_mpc_layer *Ly, siz
     const size_t T = (size_t)L->pos + n, W = dim + 2 * kvd;
     const double qscale = 1.0 / sqrt((double)s->head_dim);
     kvs_status st = rmsnorm(m, s, b->x, n, b->xn, b->t, b->row, err);
-    if (st == KVS_OK) {
-        if (!dealer)
-            memset(b->qkv, 0, sizeof *b->qkv * n * W);
-        st = kvs_mpc_matmul_w(m, &Ly->qkv, dealer ? NULL : b->xn, n, dealer ? NULL : b->qkv,
-                              err);
-    }
     if (st == KVS_OK)
-        st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : b->qkv, n * W, m->frac, err);
+        st = linear(m, &Ly->qkv, b->xn, n, b->qkv, err);
     /* q and k side by side per row, rotated at their positions; v apart */
     for (size_t r = 0; !dealer && r < n; r++) {
         uint64_t *qk = b->qk + r * (dim + kvd);
@@ -337,13 +344,8 @@ static kvs_status attention(kvs_mpc *m, kvs_mpc_llama *L, kvs_mpc_layer *Ly, siz
                               dealer ? NULL : b->att, err);
     if (st == KVS_OK)
         st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : b->att, n * dim, m->frac, err);
-    if (st == KVS_OK) {
-        if (!dealer)
-            memset(b->o, 0, sizeof *b->o * n * dim);
-        st = kvs_mpc_matmul_w(m, &Ly->wo, dealer ? NULL : b->att, n, dealer ? NULL : b->o, err);
-    }
     if (st == KVS_OK)
-        st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : b->o, n * dim, m->frac, err);
+        st = linear(m, &Ly->wo, b->att, n, b->o, err);
     for (size_t i = 0; !dealer && i < n * dim; i++)
         b->x[i] += b->o[i];
     return st;
@@ -356,13 +358,8 @@ static kvs_status feed_forward(kvs_mpc *m, const kvs_mpc_shape *s, kvs_mpc_layer
     const int dealer = kvs_mpc_is_dealer(m);
     const size_t dim = (size_t)s->dim, hid = (size_t)s->hidden;
     kvs_status st = rmsnorm(m, s, b->x, n, b->xn, b->t, b->row, err);
-    if (st == KVS_OK) {
-        if (!dealer)
-            memset(b->h, 0, sizeof *b->h * n * 2 * hid);
-        st = kvs_mpc_matmul_w(m, &Ly->w13, dealer ? NULL : b->xn, n, dealer ? NULL : b->h, err);
-    }
     if (st == KVS_OK)
-        st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : b->h, n * 2 * hid, m->frac, err);
+        st = linear(m, &Ly->w13, b->xn, n, b->h, err);
     /* gate halves to b->a, up halves to the start of b->h */
     for (size_t r = 0; !dealer && r < n; r++) {
         memcpy(b->a + r * hid, b->h + r * 2 * hid, sizeof *b->a * hid);
@@ -376,13 +373,8 @@ static kvs_status feed_forward(kvs_mpc *m, const kvs_mpc_shape *s, kvs_mpc_layer
                          dealer ? NULL : b->a, err);
     if (st == KVS_OK)
         st = kvs_mpc_trunc(m, KVS_OP_SILU, dealer ? NULL : b->a, n * hid, m->frac, err);
-    if (st == KVS_OK) {
-        if (!dealer)
-            memset(b->o, 0, sizeof *b->o * n * dim);
-        st = kvs_mpc_matmul_w(m, &Ly->w2, dealer ? NULL : b->a, n, dealer ? NULL : b->o, err);
-    }
     if (st == KVS_OK)
-        st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : b->o, n * dim, m->frac, err);
+        st = linear(m, &Ly->w2, b->a, n, b->o, err);
     for (size_t i = 0; !dealer && i < n * dim; i++)
         b->x[i] += b->o[i];
     return st;
@@ -438,12 +430,8 @@ kvs_status kvs_mpc_llama_forward(kvs_mpc *m, kvs_mpc_llama *L, const int32_t *to
     const uint64_t *last = b.x + (N - 1) * dim;
     if (st == KVS_OK)
         st = rmsnorm(m, s, dealer ? NULL : last, 1, b.xn, b.t, b.row, err);
-    if (st == KVS_OK && !dealer)
-        memset(logits, 0, sizeof *logits * V);
     if (st == KVS_OK)
-        st = kvs_mpc_matmul_w(m, &L->out, dealer ? NULL : b.xn, 1, dealer ? NULL : logits, err);
-    if (st == KVS_OK)
-        st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : logits, V, m->frac, err);
+        st = linear(m, &L->out, b.xn, 1, logits, err);
     if (st == KVS_OK)
         L->pos += n;
     free(b.x);
