@@ -4,7 +4,7 @@
 # decode steps and generates 1 token; the table reports the decode steps' means — online bytes
 # (both parties, payload and wire), rounds, dealer bytes, loopback wall seconds, modelled LAN
 # and WAN seconds — and the per-operation breakdown, beside the stories260K contexts and the
-# recall model's.
+# recall model's; then the prefill's totals.
 #   bench/mpc_bench.sh [BUILD_DIR]           (default BUILD_DIR: <repo>/build)
 # Env: CONTEXTS ("128 256 512": stories260K), RECALL_CONTEXTS ("1024 2048": the recall model;
 #      "" to skip), PLAIN (1: --insecure-plain, the loopback measurement; 0: encrypted).
@@ -73,4 +73,11 @@ for r in rows:
           f"{mib(r['dealer_bytes_per_token'])} | {r['wall_s_per_token']:.3f} | "
           f"{r['lan_s_per_token']:.3f} | {r['wan_s_per_token']:.2f} | "
           + ", ".join(f"{k} {kib(b)}" for k, b in top) + " |")
+print("\nthe prefill of the context (in blocks), totals\n")
+print("| model | context | online bytes | rounds | dealer bytes | wall s | LAN s (model) | WAN s (model) |")
+print("|---|---|---|---|---|---|---|---|")
+for r in rows:
+    p = r["prefill"]
+    print(f"| {r['model_name']} | {r['context']} | {mib(p['online_bytes'])} | {p['rounds']} | "
+          f"{mib(p['dealer_bytes'])} | {p['wall_s']:.1f} | {p['lan_s']:.2f} | {p['wan_s']:.1f} |")
 PY
