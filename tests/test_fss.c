@@ -154,6 +154,25 @@ static void test_aes(void)
     }
     CHECK(same);
     CHECK(distinct);
+    /* The batched form (AES-NI's interleaved and VAES's 512-bit paths, by batch size) equals
+     * OpenSSL seed by seed: a dealer and parties on different CPUs must expand alike. */
+    int batch_same = 1;
+    for (int count = 1; count <= KVS_FSS_PRG_BATCH; count++)
+        for (int nout = 1; nout <= KVS_FSS_PRG_KEYS; nout++)
+            for (int rep = 0; rep < 20; rep++) {
+                kvs_fss_block in[KVS_FSS_PRG_BATCH], got[KVS_FSS_PRG_BATCH * KVS_FSS_PRG_KEYS];
+                for (int i = 0; i < count; i++)
+                    in[i] = (kvs_fss_block){rnd(), rnd()};
+                kvs_fss_prg_expand_batch(&ni, in, count, nout, got);
+                for (int i = 0; i < count; i++) {
+                    kvs_fss_block want[KVS_FSS_PRG_KEYS];
+                    kvs_fss_prg_expand(&evp, in[i], nout, want);
+                    for (int j = 0; j < nout; j++)
+                        batch_same &= got[i * nout + j].lo == want[j].lo &&
+                                      got[i * nout + j].hi == want[j].hi;
+                }
+            }
+    CHECK(batch_same);
     kvs_fss_prg_free(&ni);
     kvs_fss_prg_free(&evp);
 }
@@ -197,22 +216,28 @@ static void test_large(const scheme *sc)
 
 static void test_dcf_many(void)
 {
-    enum { COUNT = 18 }; /* four batches of four and a remainder of two */
+    enum { COUNT = 19 }; /* two batches of eight and a remainder of three (evaluation); nine
+                            pairs of seeds and a remainder of one (generation) */
     static const int ns[] = {7, 64};
     for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
         int n = ns[k];
         size_t kb = kvs_dcf_key_bytes(n);
         static uint8_t keys0[COUNT * KEY_MAX], keys1[COUNT * KEY_MAX];
+        static uint8_t many0[COUNT * KEY_MAX], many1[COUNT * KEY_MAX], seeds[COUNT * 32];
         uint64_t xs[COUNT], o0[COUNT], o1[COUNT], alpha[COUNT], beta[COUNT];
         for (int i = 0; i < COUNT; i++) {
-            uint8_t s0[16], s1[16];
-            rand_seed(s0);
-            rand_seed(s1);
+            rand_seed(seeds + 32 * i);
+            rand_seed(seeds + 32 * i + 16);
             alpha[i] = rnd() & mask_bits(n);
             beta[i] = rnd();
             xs[i] = i % 3 == 0 ? alpha[i] : rnd() & mask_bits(n);
-            kvs_dcf_gen(n, alpha[i], beta[i], s0, s1, keys0 + i * kb, keys1 + i * kb);
+            kvs_dcf_gen(n, alpha[i], beta[i], seeds + 32 * i, seeds + 32 * i + 16,
+                        keys0 + i * kb, keys1 + i * kb);
         }
+        /* the batched generation makes the same keys */
+        kvs_dcf_gen_many(n, COUNT, alpha, beta, seeds, many0, many1);
+        CHECKF(!memcmp(many0, keys0, COUNT * kb) && !memcmp(many1, keys1, COUNT * kb),
+               "dcf_gen_many n=%d: keys differ from kvs_dcf_gen's", n);
         kvs_dcf_eval_many(0, keys0, n, xs, COUNT, o0);
         kvs_dcf_eval_many(1, keys1, n, xs, COUNT, o1);
         int bad = 0;
