@@ -238,6 +238,17 @@ static void test_dcf_many(void)
         kvs_dcf_gen_many(n, COUNT, alpha, beta, seeds, many0, many1);
         CHECKF(!memcmp(many0, keys0, COUNT * kb) && !memcmp(many1, keys1, COUNT * kb),
                "dcf_gen_many n=%d: keys differ from kvs_dcf_gen's", n);
+        /* and for the DPF */
+        const size_t pb = kvs_dpf_key_bytes(n);
+        for (int i = 0; i < COUNT; i++)
+            kvs_dpf_gen(n, alpha[i], beta[i], seeds + 32 * i, seeds + 32 * i + 16,
+                        keys0 + i * pb, keys1 + i * pb);
+        kvs_dpf_gen_many(n, COUNT, alpha, beta, seeds, many0, many1);
+        CHECKF(!memcmp(many0, keys0, COUNT * pb) && !memcmp(many1, keys1, COUNT * pb),
+               "dpf_gen_many n=%d: keys differ from kvs_dpf_gen's", n);
+        for (int i = 0; i < COUNT; i++) /* back to the DCF keys for the evaluations below */
+            kvs_dcf_gen(n, alpha[i], beta[i], seeds + 32 * i, seeds + 32 * i + 16,
+                        keys0 + i * kb, keys1 + i * kb);
         kvs_dcf_eval_many(0, keys0, n, xs, COUNT, o0);
         kvs_dcf_eval_many(1, keys1, n, xs, COUNT, o1);
         int bad = 0;

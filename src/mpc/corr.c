@@ -167,16 +167,6 @@ static kvs_status fss_pairs(kvs_mpc *m, kvs_mpc_op op, int nbits, size_t count,
     return st;
 }
 
-/* kvs_dpf_gen for count pairs, in the form of kvs_dcf_gen_many. */
-static void dpf_gen_many(int n, size_t count, const uint64_t *alpha, const uint64_t *beta,
-                         const uint8_t *seeds, uint8_t *k0, uint8_t *k1)
-{
-    const size_t kb = kvs_dpf_key_bytes(n);
-    for (size_t i = 0; i < count; i++)
-        kvs_dpf_gen(n, alpha[i], beta[i], seeds + 32 * i, seeds + 32 * i + 16, k0 + i * kb,
-                    k1 + i * kb);
-}
-
 kvs_status kvs_corr_dcf(kvs_mpc *m, kvs_mpc_op op, int nbits, size_t count,
                         const uint64_t *alpha, const uint64_t *beta, uint8_t *keys,
                         kvs_error *err)
@@ -189,6 +179,6 @@ kvs_status kvs_corr_dpf(kvs_mpc *m, kvs_mpc_op op, int nbits, size_t count,
                         const uint64_t *alpha, const uint64_t *beta, uint8_t *keys,
                         kvs_error *err)
 {
-    return fss_pairs(m, op, nbits, count, alpha, beta, keys, kvs_dpf_key_bytes, dpf_gen_many,
+    return fss_pairs(m, op, nbits, count, alpha, beta, keys, kvs_dpf_key_bytes, kvs_dpf_gen_many,
                      err);
 }

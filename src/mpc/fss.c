@@ -128,6 +128,7 @@ static void correct(node_exp *e, int t, block scw, int tcw_l, int tcw_r)
 /* ---- DCF ---- */
 
 #define DCF_LEVEL 24 /* s_CW (16) + V_CW (8) */
+#define DPF_LEVEL 16 /* s_CW */
 
 size_t kvs_dcf_key_bytes(int n)
 {
@@ -135,33 +136,37 @@ size_t kvs_dcf_key_bytes(int n)
     return 16 + (size_t)DCF_LEVEL * (size_t)n + tbit_bytes(n) + 8;
 }
 
+/* ---- key generation (both schemes) ---- */
+
 /* One key pair's state while its levels are generated. */
-typedef struct dcf_gen_state {
+typedef struct gen_state {
     block s0, s1;
     int t0, t1;
-    uint64_t v_alpha; /* the sum of both parties' outputs along alpha's path so far */
+    uint64_t v_alpha; /* DCF: the sum of both parties' outputs along alpha's path so far */
     uint64_t alpha, beta;
     uint8_t *k0;
-} dcf_gen_state;
+} gen_state;
 
-/* Level i of one key pair, from the expansions of both parties' seeds. */
-static void dcf_gen_level(dcf_gen_state *g, int n, int i, const node_exp *e0,
-                          const node_exp *e1, size_t tb_off)
+/* Level i of one key pair, from the expansions of both parties' seeds; dcf: with the value
+ * correction of the level. */
+static void gen_level(gen_state *g, int dcf, int n, int i, const node_exp *e0,
+                      const node_exp *e1, size_t tb_off)
 {
     int a = level_bit(g->alpha, n, i), keep = a, lose = 1 - a;
     block scw = xor_block(e0->s[lose], e1->s[lose]);
-    /* Leaving alpha's path here must bring the sum to beta if the path left goes below alpha
-     * (lose = left, so a = 1), else to 0; the parties' t differ on the path. */
-    uint64_t vcw = e1->v[lose] - e0->v[lose] - g->v_alpha;
-    if (lose == 0)
-        vcw += g->beta;
-    vcw = signed_by(g->t1, vcw);
-    g->v_alpha += e0->v[keep] - e1->v[keep] + signed_by(g->t1, vcw);
-    int tcw[2] = {e0->t[0] ^ e1->t[0] ^ a ^ 1, e0->t[1] ^ e1->t[1] ^ a};
-
-    uint8_t *lv = g->k0 + 16 + (size_t)DCF_LEVEL * (size_t)i;
+    uint8_t *lv = g->k0 + 16 + (size_t)(dcf ? DCF_LEVEL : DPF_LEVEL) * (size_t)i;
     put_block(lv, scw);
-    put_u64(lv + 16, vcw);
+    if (dcf) {
+        /* Leaving alpha's path here must bring the sum to beta if the path left goes below
+         * alpha (lose = left, so a = 1), else to 0; the parties' t differ on the path. */
+        uint64_t vcw = e1->v[lose] - e0->v[lose] - g->v_alpha;
+        if (lose == 0)
+            vcw += g->beta;
+        vcw = signed_by(g->t1, vcw);
+        g->v_alpha += e0->v[keep] - e1->v[keep] + signed_by(g->t1, vcw);
+        put_u64(lv + 16, vcw);
+    }
+    int tcw[2] = {e0->t[0] ^ e1->t[0] ^ a ^ 1, e0->t[1] ^ e1->t[1] ^ a};
     set_tbit(g->k0 + tb_off, 2 * i, tcw[0]);
     set_tbit(g->k0 + tb_off, 2 * i + 1, tcw[1]);
 
@@ -172,63 +177,95 @@ static void dcf_gen_level(dcf_gen_state *g, int n, int i, const node_exp *e0,
 }
 
 /* Keys per batch: both parties' seeds of each, KVS_FSS_PRG_BATCH seeds in all. */
-#define DCF_GEN_BATCH (KVS_FSS_PRG_BATCH / 2)
+#define GEN_BATCH (KVS_FSS_PRG_BATCH / 2)
 
-void kvs_dcf_gen_many(int n, size_t count, const uint64_t *alpha, const uint64_t *beta,
-                      const uint8_t *seeds, uint8_t *k0, uint8_t *k1)
+/* count key pairs of either scheme, GEN_BATCH at a time so that their AES blocks pipeline. */
+static void gen_many(int dcf, int n, size_t count, const uint64_t *alpha, const uint64_t *beta,
+                     const uint8_t *seeds, uint8_t *k0, uint8_t *k1)
 {
     KVS_ASSERT(n >= 1 && n <= 64);
-    const size_t bytes = kvs_dcf_key_bytes(n);
-    const size_t tb_off = 16 + (size_t)DCF_LEVEL * (size_t)n, cw_off = tb_off + tbit_bytes(n);
+    const size_t bytes = dcf ? kvs_dcf_key_bytes(n) : kvs_dpf_key_bytes(n);
+    const size_t tb_off = 16 + (size_t)(dcf ? DCF_LEVEL : DPF_LEVEL) * (size_t)n;
+    const size_t cw_off = tb_off + tbit_bytes(n);
+    const int nout = dcf ? 3 : 2;
     kvs_fss_prg g;
     kvs_fss_prg_init(&g, 0);
-    for (size_t k0i = 0; k0i < count; k0i += DCF_GEN_BATCH) {
-        const size_t m = count - k0i < DCF_GEN_BATCH ? count - k0i : DCF_GEN_BATCH;
-        dcf_gen_state st[DCF_GEN_BATCH];
+    for (size_t k0i = 0; k0i < count; k0i += GEN_BATCH) {
+        const size_t m = count - k0i < GEN_BATCH ? count - k0i : GEN_BATCH;
+        gen_state st[GEN_BATCH];
         for (size_t j = 0; j < m; j++) {
             const size_t k = k0i + j;
             KVS_ASSERT((alpha[k] & ~mask_bits(n)) == 0);
-            st[j] = (dcf_gen_state){get_block(seeds + 32 * k), get_block(seeds + 32 * k + 16), 0,
-                                    1, 0, alpha[k], beta[k], k0 + bytes * k};
+            st[j] = (gen_state){get_block(seeds + 32 * k), get_block(seeds + 32 * k + 16), 0, 1,
+                                0, alpha[k], beta[k], k0 + bytes * k};
             memset(st[j].k0, 0, bytes);
             memcpy(st[j].k0, seeds + 32 * k, 16);
         }
         for (int i = 0; i < n; i++) {
-            block in[2 * DCF_GEN_BATCH], out[2 * DCF_GEN_BATCH * 3];
+            block in[2 * GEN_BATCH], out[2 * GEN_BATCH * KVS_FSS_PRG_KEYS];
             for (size_t j = 0; j < m; j++) {
                 in[2 * j] = st[j].s0;
                 in[2 * j + 1] = st[j].s1;
             }
-            kvs_fss_prg_expand_batch(&g, in, (int)(2 * m), 3, out);
+            kvs_fss_prg_expand_batch(&g, in, (int)(2 * m), nout, out);
             for (size_t j = 0; j < m; j++) {
                 node_exp e0, e1;
-                split(out + 6 * j, 1, &e0);
-                split(out + 6 * j + 3, 1, &e1);
-                dcf_gen_level(&st[j], n, i, &e0, &e1, tb_off);
+                split(out + (size_t)nout * 2 * j, dcf, &e0);
+                split(out + (size_t)nout * (2 * j + 1), dcf, &e1);
+                gen_level(&st[j], dcf, n, i, &e0, &e1, tb_off);
             }
         }
         for (size_t j = 0; j < m; j++) {
-            /* At alpha itself f is 0: the leaf correction cancels the path's sum. */
-            put_u64(st[j].k0 + cw_off, signed_by(st[j].t1, convert(st[j].s1) -
-                                                               convert(st[j].s0) -
-                                                               st[j].v_alpha));
+            const gen_state *e = &st[j];
+            /* DCF: at alpha itself f is 0, the leaf correction cancels the path's sum; DPF: the
+             * leaf correction brings alpha's leaf to beta */
+            put_u64(e->k0 + cw_off,
+                    dcf ? signed_by(e->t1, convert(e->s1) - convert(e->s0) - e->v_alpha)
+                        : signed_by(e->t1, e->beta - convert(e->s0) + convert(e->s1)));
             uint8_t *kk1 = k1 + bytes * (k0i + j);
-            memcpy(kk1, st[j].k0, bytes);
+            memcpy(kk1, e->k0, bytes);
             memcpy(kk1, seeds + 32 * (k0i + j) + 16, 16);
         }
     }
     kvs_fss_prg_free(&g);
 }
 
-void kvs_dcf_gen(int n, uint64_t alpha, uint64_t beta, const uint8_t seed0[16],
-                 const uint8_t seed1[16], uint8_t *k0, uint8_t *k1)
+void kvs_dcf_gen_many(int n, size_t count, const uint64_t *alpha, const uint64_t *beta,
+                      const uint8_t *seeds, uint8_t *k0, uint8_t *k1)
+{
+    gen_many(1, n, count, alpha, beta, seeds, k0, k1);
+}
+
+void kvs_dpf_gen_many(int n, size_t count, const uint64_t *alpha, const uint64_t *beta,
+                      const uint8_t *seeds, uint8_t *k0, uint8_t *k1)
+{
+    gen_many(0, n, count, alpha, beta, seeds, k0, k1);
+}
+
+/* One pair from its two root seeds. */
+static void gen_one(int dcf, int n, uint64_t alpha, uint64_t beta, const uint8_t seed0[16],
+                    const uint8_t seed1[16], uint8_t *k0, uint8_t *k1)
 {
     KVS_ASSERT(n >= 1 && n <= 64 && (alpha & ~mask_bits(n)) == 0);
     uint8_t seeds[32];
     memcpy(seeds, seed0, 16);
     memcpy(seeds + 16, seed1, 16);
-    kvs_dcf_gen_many(n, 1, &alpha, &beta, seeds, k0, k1);
+    gen_many(dcf, n, 1, &alpha, &beta, seeds, k0, k1);
 }
+
+void kvs_dcf_gen(int n, uint64_t alpha, uint64_t beta, const uint8_t seed0[16],
+                 const uint8_t seed1[16], uint8_t *k0, uint8_t *k1)
+{
+    gen_one(1, n, alpha, beta, seed0, seed1, k0, k1);
+}
+
+void kvs_dpf_gen(int n, uint64_t alpha, uint64_t beta, const uint8_t seed0[16],
+                 const uint8_t seed1[16], uint8_t *k0, uint8_t *k1)
+{
+    gen_one(0, n, alpha, beta, seed0, seed1, k0, k1);
+}
+
+/* ---- evaluation ---- */
 
 static uint64_t dcf_eval1(const kvs_fss_prg *g, int b, const uint8_t *key, int n, uint64_t x)
 {
@@ -312,7 +349,6 @@ void kvs_dcf_eval_many(int b, const uint8_t *keys, int n, const uint64_t *xs, si
 
 /* ---- DPF ---- */
 
-#define DPF_LEVEL 16 /* s_CW */
 
 size_t kvs_dpf_key_bytes(int n)
 {
@@ -320,40 +356,6 @@ size_t kvs_dpf_key_bytes(int n)
     return 16 + (size_t)DPF_LEVEL * (size_t)n + tbit_bytes(n) + 8;
 }
 
-void kvs_dpf_gen(int n, uint64_t alpha, uint64_t beta, const uint8_t seed0[16],
-                 const uint8_t seed1[16], uint8_t *k0, uint8_t *k1)
-{
-    KVS_ASSERT(n >= 1 && n <= 64 && (alpha & ~mask_bits(n)) == 0);
-    size_t bytes = kvs_dpf_key_bytes(n);
-    size_t tb_off = 16 + (size_t)DPF_LEVEL * (size_t)n, cw_off = tb_off + tbit_bytes(n);
-    memset(k0, 0, bytes);
-    memcpy(k0, seed0, 16);
-    kvs_fss_prg g;
-    kvs_fss_prg_init(&g, 0);
-
-    block s0 = get_block(seed0), s1 = get_block(seed1);
-    int t0 = 0, t1 = 1;
-    for (int i = 0; i < n; i++) {
-        node_exp e0, e1;
-        expand(&g, s0, 0, &e0);
-        expand(&g, s1, 0, &e1);
-        int a = level_bit(alpha, n, i), keep = a, lose = 1 - a;
-        block scw = xor_block(e0.s[lose], e1.s[lose]);
-        int tcw[2] = {e0.t[0] ^ e1.t[0] ^ a ^ 1, e0.t[1] ^ e1.t[1] ^ a};
-        put_block(k0 + 16 + (size_t)DPF_LEVEL * (size_t)i, scw);
-        set_tbit(k0 + tb_off, 2 * i, tcw[0]);
-        set_tbit(k0 + tb_off, 2 * i + 1, tcw[1]);
-        s0 = xor_block(e0.s[keep], and_block(scw, t0));
-        s1 = xor_block(e1.s[keep], and_block(scw, t1));
-        t0 = e0.t[keep] ^ (t0 & tcw[keep]);
-        t1 = e1.t[keep] ^ (t1 & tcw[keep]);
-    }
-    put_u64(k0 + cw_off, signed_by(t1, beta - convert(s0) + convert(s1)));
-    kvs_fss_prg_free(&g);
-
-    memcpy(k1, k0, bytes);
-    memcpy(k1, seed1, 16);
-}
 
 uint64_t kvs_dpf_eval(int b, const uint8_t *key, int n, uint64_t x)
 {

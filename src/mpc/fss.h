@@ -66,6 +66,9 @@ size_t kvs_dpf_key_bytes(int n);
 /* Dealer: the keys of the point function f_{alpha,beta} over n bits (as kvs_dcf_gen). */
 void kvs_dpf_gen(int n, uint64_t alpha, uint64_t beta, const uint8_t seed0[16],
                  const uint8_t seed1[16], uint8_t *k0, uint8_t *k1);
+/* count pairs at once, as kvs_dcf_gen_many. */
+void kvs_dpf_gen_many(int n, size_t count, const uint64_t *alpha, const uint64_t *beta,
+                      const uint8_t *seeds, uint8_t *k0, uint8_t *k1);
 /* Party b: its share of f(x). */
 uint64_t kvs_dpf_eval(int b, const uint8_t *key, int n, uint64_t x);
 /* Party b: out[x] = its share of f(x) for every x < 2^n (n <= KVS_FSS_FULL_MAX_BITS), by one
