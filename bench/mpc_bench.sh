@@ -2,7 +2,7 @@
 # The two-party engine's cost per decoded token by context length (issue 12): for each context
 # T, `kvslim mpc run` prefills the first T tokens of a token file, then feeds 4 teacher-forced
 # decode steps and generates 1 token; the table reports the decode steps' means — online bytes
-# (both parties, payload and wire), rounds, dealer bytes, loopback wall seconds, modelled LAN
+# (both parties and each party's share, payload and wire), rounds, dealer bytes, loopback wall seconds, modelled LAN
 # and WAN seconds — and the per-operation breakdown, beside the stories260K contexts and the
 # recall model's; then the prefill's totals.
 #   bench/mpc_bench.sh [BUILD_DIR]           (default BUILD_DIR: <repo>/build)
@@ -62,13 +62,14 @@ json.dump({"insecure_plain": plain, "rows": rows}, open(dst, "w"), indent=1)
 kib = lambda b: f"{b / 1024:.1f} KiB"
 mib = lambda b: f"{b / 2**20:.1f} MiB"
 print(f"two-party decode per token, {'plain' if plain else 'AES-256-GCM'} channels, loopback, one run\n")
-print("| model | context | online bytes | wire bytes | rounds | dealer bytes | wall s | LAN s (model) | WAN s (model) | largest ops (bytes) |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("| model | context | online bytes | sent by party 0 / party 1 | wire bytes | rounds | dealer bytes | wall s | LAN s (model) | WAN s (model) | largest ops (bytes) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     ops = r.get("ops", {})
     items = ops.items() if isinstance(ops, dict) else [(o.get("op"), o) for o in ops]
     top = sorted(((k, v.get("bytes", 0)) for k, v in items), key=lambda x: -x[1])[:3]
     print(f"| {r['model_name']} | {r['context']} | {kib(r['online_bytes_per_token'])} | "
+          f"{kib(r['online_bytes_party0_per_token'])} / {kib(r['online_bytes_party1_per_token'])} | "
           f"{kib(r['online_wire_bytes_per_token'])} | {r['rounds_per_token']:.0f} | "
           f"{mib(r['dealer_bytes_per_token'])} | {r['wall_s_per_token']:.3f} | "
           f"{r['lan_s_per_token']:.3f} | {r['wan_s_per_token']:.2f} | "

@@ -200,7 +200,7 @@ static void on_token(void *ctx, int32_t tok)
 }
 
 typedef struct totals {
-    double steps, payload, wire, msgs, rounds, dealer, wall, lan, wan, security;
+    double steps, payload, wire, msgs, rounds, dealer, wall, lan, wan, security, sent0, sent1;
 } totals;
 
 static totals phase_totals(const kvs_mpc_phase_cost *p, int enc)
@@ -209,7 +209,8 @@ static totals phase_totals(const kvs_mpc_phase_cost *p, int enc)
                 .wire = (double)p->online_wire, .msgs = (double)p->online_msgs,
                 .rounds = (double)p->rounds,
                 .dealer = (double)(p->dealer_payload[0] + p->dealer_payload[1]),
-                .wall = p->wall_s};
+                .wall = p->wall_s, .sent0 = (double)p->online_sent[0],
+                .sent1 = (double)p->online_sent[1]};
     t.lan = kvs_mpc_model_seconds(&kvs_mpc_lan, t.rounds, t.wire);
     t.wan = kvs_mpc_model_seconds(&kvs_mpc_wan, t.rounds, t.wire);
     t.security = enc ? (double)KVS_CHAN_TAG_BYTES * t.msgs : 0;
@@ -220,8 +221,9 @@ static totals per(totals t, double n)
 {
     if (n <= 0)
         n = 1;
-    totals r = {t.steps, t.payload / n, t.wire / n, t.msgs / n, t.rounds / n, t.dealer / n,
-                t.wall / n, t.lan / n, t.wan / n, t.security / n};
+    totals r = {t.steps,     t.payload / n, t.wire / n, t.msgs / n,     t.rounds / n,
+                t.dealer / n, t.wall / n,    t.lan / n,  t.wan / n,      t.security / n,
+                t.sent0 / n, t.sent1 / n};
     return r;
 }
 
@@ -246,6 +248,10 @@ static void print_report(FILE *f, const kvs_mpc_session_result *r, int plain, in
     fprintf(f, "%-26s %14s %14s %14s\n", "online bytes (both)",
             cli_bytes(b[0], 32, d.payload), cli_bytes(b[1], 32, pf.payload),
             cli_bytes(b[2], 32, su.payload));
+    fprintf(f, "%-26s %14s %14s %14s\n", "  sent by party 0", cli_bytes(b[0], 32, d.sent0),
+            cli_bytes(b[1], 32, pf.sent0), cli_bytes(b[2], 32, su.sent0));
+    fprintf(f, "%-26s %14s %14s %14s\n", "  sent by party 1", cli_bytes(b[0], 32, d.sent1),
+            cli_bytes(b[1], 32, pf.sent1), cli_bytes(b[2], 32, su.sent1));
     fprintf(f, "%-26s %14s %14s %14s\n", "  on the wire", cli_bytes(b[0], 32, d.wire),
             cli_bytes(b[1], 32, pf.wire), cli_bytes(b[2], 32, su.wire));
     fprintf(f, "%-26s %14s %14s %14s\n", plain ? "  framing (no security)" : "  framing + GCM tags",
@@ -314,10 +320,12 @@ static void json_phase(FILE *f, const char *name, totals t, int last)
 {
     fprintf(f, "  \"%s\": {\"steps\": ", name);
     cli_json_num(f, t.steps);
-    const char *k[] = {"online_bytes", "online_wire_bytes", "messages", "rounds",
-                       "dealer_bytes", "wall_s", "lan_s", "wan_s"};
-    const double v[] = {t.payload, t.wire, t.msgs, t.rounds, t.dealer, t.wall, t.lan, t.wan};
-    for (int i = 0; i < 8; i++) {
+    const char *k[] = {"online_bytes", "online_bytes_party0", "online_bytes_party1",
+                       "online_wire_bytes", "messages", "rounds", "dealer_bytes", "wall_s",
+                       "lan_s", "wan_s"};
+    const double v[] = {t.payload, t.sent0, t.sent1, t.wire, t.msgs, t.rounds, t.dealer,
+                        t.wall, t.lan, t.wan};
+    for (int i = 0; i < 10; i++) {
         fprintf(f, ", \"%s\": ", k[i]);
         cli_json_num(f, v[i]);
     }
@@ -355,13 +363,14 @@ static char *build_json(const kvs_mpc_session_result *r, const p0_out *o, int pl
     fprintf(f, "  \"frac\": %d,\n  \"ring_bits\": 64,\n  \"insecure_plain\": %s,\n"
                "  \"channels\": \"%s\",\n", frac, plain ? "true" : "false",
             plain ? "plain" : "AES-256-GCM");
-    const char *k[] = {"online_bytes_per_token", "online_wire_bytes_per_token",
+    const char *k[] = {"online_bytes_per_token", "online_bytes_party0_per_token",
+                       "online_bytes_party1_per_token", "online_wire_bytes_per_token",
                        "channel_security_bytes_per_token", "messages_per_token",
                        "rounds_per_token", "dealer_bytes_per_token", "wall_s_per_token",
                        "lan_s_per_token", "wan_s_per_token"};
-    const double v[] = {d.payload, d.wire, d.security, d.msgs, d.rounds, d.dealer, d.wall,
-                        d.lan, d.wan};
-    for (int i = 0; i < 9; i++) {
+    const double v[] = {d.payload, d.sent0, d.sent1, d.wire, d.security, d.msgs,
+                        d.rounds, d.dealer, d.wall, d.lan, d.wan};
+    for (int i = 0; i < 11; i++) {
         fprintf(f, "  \"%s\": ", k[i]);
         cli_json_num(f, nd > 0 ? v[i] : NAN);
         fputs(",\n", f);

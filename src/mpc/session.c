@@ -291,6 +291,8 @@ static void phase_from(const snap *a, const snap *b, int me, kvs_mpc_phase_cost 
                        rp = b->peer.recv_payload[op] - a->peer.recv_payload[op];
         p->op_bytes[op] = sp + rp;
         p->online_payload += sp + rp;
+        p->online_sent[me] += sp;
+        p->online_sent[1 - me] += rp;
         p->online_wire += b->peer.sent_wire[op] - a->peer.sent_wire[op] + b->peer.recv_wire[op] -
                           a->peer.recv_wire[op];
         p->online_msgs += b->peer.msgs_sent[op] - a->peer.msgs_sent[op] +

@@ -90,6 +90,7 @@ typedef struct kvs_mpc_phase_cost {
     uint64_t steps;
     double wall_s;                  /* party 0's wall time */
     uint64_t online_payload;        /* party link: payload sent + received (both parties) */
+    uint64_t online_sent[2];        /* of it, what party 0 and party 1 sent */
     uint64_t online_wire;           /* the same on the wire (headers, GCM tags) */
     uint64_t online_msgs;           /* messages sent + received on the party link */
     uint64_t rounds;                /* party 0's rounds on the party link */

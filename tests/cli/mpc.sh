@@ -53,6 +53,9 @@ for k in ["online_bytes_per_token", "rounds_per_token", "dealer_bytes_per_token"
           "wall_s_per_token", "lan_s_per_token", "wan_s_per_token", "online_wire_bytes_per_token"]:
     assert isinstance(r[k], (int, float)) and r[k] > 0, (k, r.get(k))
 assert r["wan_s_per_token"] > r["lan_s_per_token"]
+assert abs(r["online_bytes_party0_per_token"] + r["online_bytes_party1_per_token"]
+           - r["online_bytes_per_token"]) <= 1e-6 * r["online_bytes_per_token"]
+assert r["online_bytes_party0_per_token"] > 0 and r["online_bytes_party1_per_token"] > 0
 assert isinstance(r["text"], str) and len(r["tokens"]) == r["generated"] > 0
 assert r["insecure_plain"] is False and r["frac"] == 16
 ops = r["ops"]
