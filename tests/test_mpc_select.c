@@ -1,0 +1,169 @@
+/* The selection gates (src/mpc/gates_select.c) against their plaintext emulators, bit for bit:
+ * the three roles on threads run one-hots of secret indices (edges of the range included),
+ * top-k masks at several k over rows with ties (the lower index must win), over values at the
+ * edge of the sign test's width, and the ordered gather matrix of each mask; then what each
+ * gate sent and how many rounds it took. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "core/random.h"
+#include "mpc/gates_select.h"
+#include "mpc/local.h"
+
+enum { NI = 40, OB = 5, ROWS = 4, LEN = 13, NK = 5, BITS = 24 };
+static const size_t ks[NK] = {0, 1, 4, 12, 13};
+
+typedef struct inputs {
+    uint64_t idx[NI];       /* party 0's secret indices, below 2^OB */
+    uint64_t v[ROWS * LEN]; /* party 1's values, |v| < 2^(BITS - 2) */
+} inputs;
+
+typedef struct outputs {
+    uint64_t onehot[NI << OB];
+    uint64_t sel[NK][ROWS * LEN];
+    uint64_t G[NK][ROWS * LEN * LEN];
+    uint64_t rounds[3], sent[3]; /* one-hot, top-k, gather (the last k) */
+} outputs;
+
+typedef struct sel_ctx {
+    const inputs *in;
+    outputs out[3];
+} sel_ctx;
+
+static void counters(const kvs_mpc *m, uint64_t *rounds, uint64_t *sent)
+{
+    kvs_chan_stats s;
+    kvs_chan_stats_get(m->peer, &s);
+    *rounds = *sent = 0;
+    for (int op = 0; op < KVS_OP_N; op++) {
+        *rounds += s.rounds[op];
+        *sent += s.sent_payload[op];
+    }
+}
+
+static kvs_status program(kvs_mpc *m, void *ctx, kvs_error *err)
+{
+    sel_ctx *c = ctx;
+    const inputs *in = c->in;
+    outputs *o = &c->out[m->role];
+    const int dealer = kvs_mpc_is_dealer(m), p0 = m->role == KVS_MPC_P0;
+    uint64_t idx[NI], v[ROWS * LEN];
+    static uint64_t oh[3][NI << OB], sel[3][ROWS * LEN], G[3][ROWS * LEN * LEN];
+    const int me = (int)m->role;
+    kvs_status st = kvs_mpc_input(m, 0, p0 ? in->idx : NULL, NI, idx, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_input(m, 1, m->role == KVS_MPC_P1 ? in->v : NULL, ROWS * LEN, v, err);
+    uint64_t r0 = 0, s0 = 0, r1 = 0, s1 = 0;
+    if (!dealer && st == KVS_OK) {
+        st = kvs_chan_flush(m->peer, err);
+        counters(m, &r0, &s0);
+    }
+    if (st == KVS_OK)
+        st = kvs_mpc_onehot(m, KVS_OP_GATHER, dealer ? NULL : idx, NI, OB,
+                            dealer ? NULL : oh[me], err);
+    if (!dealer) {
+        counters(m, &r1, &s1);
+        o->rounds[0] = r1 - r0;
+        o->sent[0] = s1 - s0;
+    }
+    if (st == KVS_OK)
+        st = kvs_mpc_open(m, KVS_OP_OPEN, oh[me], NI << OB, o->onehot, err);
+    for (int q = 0; q < NK && st == KVS_OK; q++) {
+        if (!dealer)
+            counters(m, &r0, &s0);
+        st = kvs_mpc_topk_mask(m, KVS_OP_TOPK, dealer ? NULL : v, ROWS, LEN, ks[q], BITS,
+                               dealer ? NULL : sel[me], err);
+        if (!dealer) {
+            counters(m, &r1, &s1);
+            o->rounds[1] = r1 - r0;
+            o->sent[1] = s1 - s0;
+        }
+        if (st == KVS_OK)
+            st = kvs_mpc_gather_matrix(m, KVS_OP_GATHER, dealer ? NULL : sel[me], ROWS, LEN,
+                                       ks[q], dealer ? NULL : G[me], err);
+        if (!dealer) {
+            counters(m, &r0, &s0);
+            o->rounds[2] = r0 - r1;
+            o->sent[2] = s0 - s1;
+        }
+        if (st == KVS_OK)
+            st = kvs_mpc_open(m, KVS_OP_OPEN, sel[me], ROWS * LEN, o->sel[q], err);
+        if (st == KVS_OK)
+            st = kvs_mpc_open(m, KVS_OP_OPEN, G[me], ROWS * ks[q] * LEN, o->G[q], err);
+    }
+    return st;
+}
+
+int main(void)
+{
+    static inputs in;
+    kvs_xoshiro g;
+    kvs_xoshiro_seed(&g, 77);
+    for (int i = 0; i < NI; i++)
+        in.idx[i] = i < 3 ? (uint64_t)(i == 0 ? 0 : i == 1 ? 1 : (1 << OB) - 1)
+                          : kvs_xoshiro_next(&g) & ((1 << OB) - 1);
+    /* row 0: random; row 1: many ties (values from a set of 3); row 2: all equal; row 3: the
+     * extremes of the width (differences just below 2^(BITS - 1)) */
+    const int64_t lim = ((int64_t)1 << (BITS - 2)) - 1;
+    for (int j = 0; j < LEN; j++) {
+        in.v[j] = (uint64_t)((int64_t)(kvs_xoshiro_next(&g) % (uint64_t)(2 * lim)) - lim);
+        in.v[LEN + j] = (uint64_t)(int64_t)(kvs_xoshiro_next(&g) % 3) * 1000;
+        in.v[2 * LEN + j] = (uint64_t)(int64_t)-7;
+        in.v[3 * LEN + j] = (uint64_t)(j % 2 ? lim : -lim);
+    }
+    static sel_ctx ctx;
+    ctx.in = &in;
+    kvs_mpc_local_cfg cfg = {.frac = 12, .insecure_plain = 1, .corr_seed = {{1}, {2}},
+                             .own_seed = {{3}, {4}, {5}}, .timeout_ms = 30000};
+    kvs_mpc_local_result res[3];
+    kvs_error err = {0};
+    const kvs_status st = kvs_mpc_run_local(program, &ctx, &cfg, res, &err);
+    CHECKF(st == KVS_OK, "%s", err.msg);
+    if (st != KVS_OK)
+        return check_summary("mpc_select");
+    const outputs *o = &ctx.out[0];
+    int oh_ok = 1;
+    for (int i = 0; i < NI; i++)
+        for (int j = 0; j < 1 << OB; j++)
+            oh_ok &= o->onehot[(i << OB) + j] == (uint64_t)(in.idx[i] == (uint64_t)j);
+    CHECK(oh_ok);
+    for (int q = 0; q < NK; q++) {
+        uint64_t want[ROWS * LEN], wantG[ROWS * LEN * LEN];
+        kvs_fx_topk_mask(in.v, ROWS, LEN, ks[q], want);
+        kvs_fx_gather_matrix(want, ROWS, LEN, ks[q], wantG);
+        CHECKF(!memcmp(want, o->sel[q], sizeof want), "top-%zu mask differs from the emulator",
+               ks[q]);
+        CHECKF(!memcmp(wantG, o->G[q], sizeof *wantG * ROWS * ks[q] * LEN),
+               "gather matrix of the top-%zu differs from the emulator", ks[q]);
+        size_t ones = 0;
+        for (int i = 0; i < ROWS * LEN; i++)
+            ones += want[i];
+        CHECKF(ones == ROWS * ks[q], "the emulator keeps %zu, not %d x %zu", ones, ROWS, ks[q]);
+    }
+    /* the emulator on its own: ties go to the lower index */
+    {
+        const uint64_t t[6] = {5, 9, 9, 1, 9, 5};
+        uint64_t s[6];
+        kvs_fx_topk_mask(t, 1, 6, 2, s);
+        CHECK(s[1] == 1 && s[2] == 1 && s[4] == 0 && s[0] == 0);
+        kvs_fx_topk_mask(t, 1, 6, 4, s);
+        CHECK(s[0] == 1 && s[5] == 0);
+    }
+    /* costs: one round for the one-hot (1 byte an index at 5 bits), two for the top-k, two for
+     * the gather matrix */
+    CHECKF(o->rounds[0] == 1 && o->sent[0] == NI, "one-hot: %llu rounds, %llu bytes",
+           (unsigned long long)o->rounds[0], (unsigned long long)o->sent[0]);
+    const uint64_t pairs = ROWS * LEN * (LEN - 1) / 2;
+    CHECKF(o->rounds[1] == 2 && o->sent[1] == pairs * 3 + ROWS * LEN,
+           "top-k: %llu rounds, %llu bytes (pairs %llu)", (unsigned long long)o->rounds[1],
+           (unsigned long long)o->sent[1], (unsigned long long)pairs);
+    CHECKF(o->rounds[2] == 2, "gather matrix: %llu rounds", (unsigned long long)o->rounds[2]);
+    printf("one-hot of %d indices over %d bits: %llu round, %llu bytes; top-k of %d rows of %d: "
+           "%llu rounds, %llu bytes; gather matrix: %llu rounds, %llu bytes\n",
+           NI, OB, (unsigned long long)o->rounds[0], (unsigned long long)o->sent[0], ROWS, LEN,
+           (unsigned long long)o->rounds[1], (unsigned long long)o->sent[1],
+           (unsigned long long)o->rounds[2], (unsigned long long)o->sent[2]);
+    return check_summary("mpc_select");
+}
