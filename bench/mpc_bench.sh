@@ -4,7 +4,8 @@
 # decode steps and generates 1 token; the table reports the decode steps' means — online bytes
 # (both parties and each party's share, payload and wire), rounds, dealer bytes, loopback wall seconds, modelled LAN
 # and WAN seconds — and the per-operation breakdown, beside the stories260K contexts and the
-# recall model's; then the prefill's totals.
+# recall model's; a table per operation (online bytes, rounds, dealer bytes); then the
+# prefill's totals.
 #   bench/mpc_bench.sh [BUILD_DIR]           (default BUILD_DIR: <repo>/build)
 # Env: CONTEXTS ("128 256 512": stories260K), RECALL_CONTEXTS ("1024 2048": the recall model;
 #      "" to skip), PLAIN (1: --insecure-plain, the loopback measurement; 0: encrypted).
@@ -74,6 +75,15 @@ for r in rows:
           f"{mib(r['dealer_bytes_per_token'])} | {r['wall_s_per_token']:.3f} | "
           f"{r['lan_s_per_token']:.3f} | {r['wan_s_per_token']:.2f} | "
           + ", ".join(f"{k} {kib(b)}" for k, b in top) + " |")
+print("\nper operation, per decoded token: online bytes (both parties) / rounds / dealer bytes\n")
+names = ["matmul", "softmax", "rmsnorm", "silu", "argmax"]
+print("| model | context | " + " | ".join(names) + " |")
+print("|---|---|" + "---|" * len(names))
+for r in rows:
+    ops = r.get("ops", {})
+    cell = lambda o: (f"{kib(ops[o]['bytes'])} / {ops[o]['rounds']:.0f} / {mib(ops[o].get('dealer_bytes', 0))}"
+                      if o in ops else "-")
+    print(f"| {r['model_name']} | {r['context']} | " + " | ".join(cell(o) for o in names) + " |")
 print("\nthe prefill of the context (in blocks), totals\n")
 print("| model | context | online bytes | rounds | dealer bytes | wall s | LAN s (model) | WAN s (model) |")
 print("|---|---|---|---|---|---|---|---|")
