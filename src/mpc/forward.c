@@ -382,10 +382,11 @@ static kvs_status feed_forward(kvs_mpc *m, const kvs_mpc_shape *s, kvs_mpc_layer
 
 int kvs_mpc_llama_block(const kvs_mpc_shape *s, int pos, int remaining)
 {
-    /* the block's score matrix, n x heads x (pos + n), within 2^16 values, and n <= 64 */
+    /* the block's score matrix, n x heads x (pos + n), within 2^17 values (the
+     * dealer then holds about 200 MB of keys for its softmax), and n <= 64 */
     int n = 1;
     while (n < 64 && n < remaining &&
-           (size_t)(2 * n) * (size_t)s->n_heads * (size_t)(pos + 2 * n) <= ((size_t)1 << 16))
+           (size_t)(2 * n) * (size_t)s->n_heads * (size_t)(pos + 2 * n) <= ((size_t)1 << 17))
         n *= 2;
     return n < remaining ? n : remaining;
 }

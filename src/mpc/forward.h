@@ -56,7 +56,7 @@ kvs_status kvs_mpc_llama_step(kvs_mpc *m, kvs_mpc_llama *L, int32_t token, uint6
 
 /* The prefill's block size at position pos with remaining prompt tokens left: the largest power
  * of two up to 64 (and up to remaining) whose score matrix, n x heads x (pos + n), stays within
- * 2^16 values. A function of public numbers only, so every role computes the same blocks. */
+ * 2^17 values. A function of public numbers only, so every role computes the same blocks. */
 int kvs_mpc_llama_block(const kvs_mpc_shape *s, int pos, int remaining);
 
 #endif
