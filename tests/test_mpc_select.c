@@ -1,7 +1,8 @@
 /* The selection gates (src/mpc/gates_select.c) against their plaintext emulators, bit for bit:
  * the three roles on threads run one-hots of secret indices (edges of the range included),
  * top-k masks at several k over rows with ties (the lower index must win), over values at the
- * edge of the sign test's width, and the ordered gather matrix of each mask; then what each
+ * edge of the sign test's width, by ranks and by a threshold, and the ordered gather matrix of
+ * each mask; then what each
  * gate sent and how many rounds it took. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -22,9 +23,9 @@ typedef struct inputs {
 
 typedef struct outputs {
     uint64_t onehot[NI << OB];
-    uint64_t sel[NK][ROWS * LEN];
+    uint64_t sel[NK][ROWS * LEN], selt[NK][ROWS * LEN]; /* by ranks, by a threshold */
     uint64_t G[NK][ROWS * LEN * LEN];
-    uint64_t rounds[3], sent[3]; /* one-hot, top-k, gather (the last k) */
+    uint64_t rounds[4], sent[4]; /* one-hot, top-k, gather (the last k), top-k by threshold */
 } outputs;
 
 typedef struct sel_ctx {
@@ -92,6 +93,20 @@ static kvs_status program(kvs_mpc *m, void *ctx, kvs_error *err)
             st = kvs_mpc_open(m, KVS_OP_OPEN, sel[me], ROWS * LEN, o->sel[q], err);
         if (st == KVS_OK)
             st = kvs_mpc_open(m, KVS_OP_OPEN, G[me], ROWS * ks[q] * LEN, o->G[q], err);
+        if (!dealer && st == KVS_OK) {
+            st = kvs_chan_flush(m->peer, err);
+            counters(m, &r0, &s0);
+        }
+        if (st == KVS_OK)
+            st = kvs_mpc_topk_threshold(m, KVS_OP_TOPK, dealer ? NULL : v, ROWS, LEN, ks[q],
+                                        BITS, dealer ? NULL : sel[me], err);
+        if (!dealer) {
+            counters(m, &r1, &s1);
+            o->rounds[3] = r1 - r0;
+            o->sent[3] = s1 - s0;
+        }
+        if (st == KVS_OK)
+            st = kvs_mpc_open(m, KVS_OP_OPEN, sel[me], ROWS * LEN, o->selt[q], err);
     }
     return st;
 }
@@ -135,6 +150,8 @@ int main(void)
         kvs_fx_gather_matrix(want, ROWS, LEN, ks[q], wantG);
         CHECKF(!memcmp(want, o->sel[q], sizeof want), "top-%zu mask differs from the emulator",
                ks[q]);
+        CHECKF(!memcmp(want, o->selt[q], sizeof want),
+               "top-%zu mask by threshold differs from the emulator", ks[q]);
         CHECKF(!memcmp(wantG, o->G[q], sizeof *wantG * ROWS * ks[q] * LEN),
                "gather matrix of the top-%zu differs from the emulator", ks[q]);
         size_t ones = 0;
@@ -160,10 +177,14 @@ int main(void)
            "top-k: %llu rounds, %llu bytes (pairs %llu)", (unsigned long long)o->rounds[1],
            (unsigned long long)o->sent[1], (unsigned long long)pairs);
     CHECKF(o->rounds[2] == 2, "gather matrix: %llu rounds", (unsigned long long)o->rounds[2]);
+    CHECKF(o->rounds[3] == 2 * BITS + 1, "top-k by threshold: %llu rounds",
+           (unsigned long long)o->rounds[3]);
     printf("one-hot of %d indices over %d bits: %llu round, %llu bytes; top-k of %d rows of %d: "
-           "%llu rounds, %llu bytes; gather matrix: %llu rounds, %llu bytes\n",
+           "%llu rounds, %llu bytes (by threshold: %llu rounds, %llu bytes); gather matrix: "
+           "%llu rounds, %llu bytes\n",
            NI, OB, (unsigned long long)o->rounds[0], (unsigned long long)o->sent[0], ROWS, LEN,
            (unsigned long long)o->rounds[1], (unsigned long long)o->sent[1],
+           (unsigned long long)o->rounds[3], (unsigned long long)o->sent[3],
            (unsigned long long)o->rounds[2], (unsigned long long)o->sent[2]);
     return check_summary("mpc_select");
 }

@@ -122,6 +122,78 @@ kvs_status kvs_mpc_topk_mask(kvs_mpc *m, kvs_mpc_op op, const uint64_t *v, size_
     return st;
 }
 
+kvs_status kvs_mpc_topk_threshold(kvs_mpc *m, kvs_mpc_op op, const uint64_t *v, size_t rows,
+                                  size_t len, size_t k, int bits, uint64_t *sel,
+                                  kvs_error *err)
+{
+    if (len < 1 || k > len || bits < 3 || bits > 64)
+        return kvs_fail(err, KVS_ERR_ARG,
+                        "top-%zu of %zu values over %d bits: expected k <= len, 3 to 64 bits", k,
+                        len, bits);
+    const int dealer = kvs_mpc_is_dealer(m), cb = log2_ceil(len + 1) + 2;
+    const size_t nv = rows * len;
+    /* u: v + 2^(bits-2) in [0, 2^(bits-1)); d: the tests of a step; th: each row's threshold;
+     * cnt: the rows' counts, then their tests */
+    uint64_t *u = calloc(4 * nv + 3 * rows + 1, sizeof *u);
+    if (!u)
+        return no_memory(err, "a top-k", nv);
+    uint64_t *d = u + nv, *e = d + nv, *g = e + nv, *th = g + nv, *cnt = th + rows,
+             *ok = cnt + rows;
+    const uint64_t off = (uint64_t)1 << (bits - 2);
+    for (size_t i = 0; !dealer && i < nv; i++)
+        u[i] = kvs_mpc_add_public(m, v[i], off);
+    kvs_status st = KVS_OK;
+    /* theta = the largest t with #{u >= t} >= k, bit by bit from the top */
+    for (int b = bits - 2; b >= 0 && st == KVS_OK; b--) {
+        const uint64_t step = (uint64_t)1 << b;
+        for (size_t r = 0; !dealer && r < rows; r++)
+            for (size_t i = 0; i < len; i++)
+                d[r * len + i] = kvs_mpc_add_public(m, u[r * len + i] - th[r], 0 - step);
+        st = kvs_mpc_nonneg_bits(m, op, dealer ? NULL : d, nv, bits, dealer ? NULL : d, err);
+        for (size_t r = 0; !dealer && st == KVS_OK && r < rows; r++) {
+            cnt[r] = kvs_mpc_add_public(m, 0, 0 - (uint64_t)k);
+            for (size_t i = 0; i < len; i++)
+                cnt[r] += d[r * len + i];
+        }
+        if (st == KVS_OK)
+            st = kvs_mpc_nonneg_bits(m, op, dealer ? NULL : cnt, rows, cb, dealer ? NULL : ok,
+                                     err);
+        for (size_t r = 0; !dealer && st == KVS_OK && r < rows; r++)
+            th[r] += ok[r] * step;
+    }
+    /* gt = [u > theta] into d, ge = [u >= theta] into e: one batch (d and e are adjacent) */
+    for (size_t r = 0; !dealer && r < rows; r++)
+        for (size_t i = 0; i < len; i++) {
+            e[r * len + i] = u[r * len + i] - th[r];
+            d[r * len + i] = kvs_mpc_add_public(m, e[r * len + i], (uint64_t)0 - 1);
+        }
+    if (st == KVS_OK)
+        st = kvs_mpc_nonneg_bits(m, op, dealer ? NULL : d, 2 * nv, bits, dealer ? NULL : d,
+                                 err);
+    /* ties eq = ge - gt (into e); keep the first k - #gt of them by index: the test
+     * k - 1 - #gt - (ties before i) >= 0, then its product with eq */
+    for (size_t r = 0; !dealer && st == KVS_OK && r < rows; r++) {
+        uint64_t ngt = 0, before = 0;
+        for (size_t i = 0; i < len; i++) {
+            e[r * len + i] -= d[r * len + i];
+            ngt += d[r * len + i];
+        }
+        for (size_t i = 0; i < len; i++) {
+            g[r * len + i] = kvs_mpc_add_public(m, (uint64_t)0 - ngt - before, (uint64_t)k - 1);
+            before += e[r * len + i];
+        }
+    }
+    if (st == KVS_OK)
+        st = kvs_mpc_nonneg_bits(m, op, dealer ? NULL : g, nv, cb, dealer ? NULL : g, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_mul(m, op, dealer ? NULL : e, dealer ? NULL : g, nv, dealer ? NULL : g,
+                         err);
+    for (size_t i = 0; !dealer && st == KVS_OK && i < nv; i++)
+        sel[i] = d[i] + g[i];
+    free(u);
+    return st;
+}
+
 kvs_status kvs_mpc_gather_matrix(kvs_mpc *m, kvs_mpc_op op, const uint64_t *sel, size_t rows,
                                  size_t len, size_t k, uint64_t *G, kvs_error *err)
 {

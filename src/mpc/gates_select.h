@@ -26,6 +26,17 @@ kvs_status kvs_mpc_onehot(kvs_mpc *m, kvs_mpc_op op, const uint64_t *idx, size_t
 kvs_status kvs_mpc_topk_mask(kvs_mpc *m, kvs_mpc_op op, const uint64_t *v, size_t rows,
                              size_t len, size_t k, int bits, uint64_t *sel, kvs_error *err);
 
+/* The same mask by a threshold, for long rows (MPCache's static step and the token-level
+ * baseline select among thousands): the k-th largest value theta of each row is found bit by bit
+ * (bits - 1 steps, each one batch of len sign tests [v_i >= candidate] and one test of their
+ * count against k: two rounds), then the values above theta and the first (k - their count) of
+ * the values equal to it, by index, are kept (three more rounds). For v in
+ * [-2^(bits-2), 2^(bits-2)); 2 bits + 1 rounds and about (bits + 2) len comparisons a row,
+ * against len^2 / 2 for kvs_mpc_topk_mask. Equal to kvs_fx_topk_mask. */
+kvs_status kvs_mpc_topk_threshold(kvs_mpc *m, kvs_mpc_op op, const uint64_t *v, size_t rows,
+                                  size_t len, size_t k, int bits, uint64_t *sel,
+                                  kvs_error *err);
+
 /* The gather matrix of a selection mask: G[r][p][i] = 1 when entry i of row r is the p-th
  * selected one in index order (p < k), else 0 (sel: rows x len of 0 or 1 with k ones a row;
  * G: rows x k x len). The position of entry i among the selected is the prefix count of sel
