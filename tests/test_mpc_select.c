@@ -10,15 +10,19 @@
 
 #include "check.h"
 #include "core/random.h"
+#include "mpc/gates_cache.h"
 #include "mpc/gates_select.h"
 #include "mpc/local.h"
 
 enum { NI = 40, OB = 5, ROWS = 4, LEN = 13, NK = 5, BITS = 24 };
+/* the cluster gather: GH heads of GD values, GC clusters of GS rows, GK gathered */
+enum { GH = 2, GD = 3, GC = 4, GS = 3, GK = 2 };
 static const size_t ks[NK] = {0, 1, 4, 12, 13};
 
 typedef struct inputs {
     uint64_t idx[NI];       /* party 0's secret indices, below 2^OB */
     uint64_t v[ROWS * LEN]; /* party 1's values, |v| < 2^(BITS - 2) */
+    uint64_t rows[GC * GS][GH * GD], g[GH * GK * GC]; /* party 0's cache rows, party 1's g */
 } inputs;
 
 typedef struct outputs {
@@ -26,6 +30,8 @@ typedef struct outputs {
     uint64_t sel[NK][ROWS * LEN], selt[NK][ROWS * LEN]; /* by ranks, by a threshold */
     uint64_t G[NK][ROWS * LEN * LEN];
     uint64_t rounds[4], sent[4]; /* one-hot, top-k, gather (the last k), top-k by threshold */
+    uint64_t gathered[2][GH * GK * GS * GD]; /* clusters of GS rows, and of single rows */
+    uint64_t gather_sent;
 } outputs;
 
 typedef struct sel_ctx {
@@ -108,6 +114,41 @@ static kvs_status program(kvs_mpc *m, void *ctx, kvs_error *err)
         if (st == KVS_OK)
             st = kvs_mpc_open(m, KVS_OP_OPEN, sel[me], ROWS * LEN, o->selt[q], err);
     }
+    /* the cluster gather, from a cache of party 0's rows and party 1's (any) g */
+    kvs_mpc_cache cache;
+    kvs_mpc_cache_init(&cache, GH, GD);
+    uint64_t rows[GC * GS * GH * GD], g[GH * GK * GC], out[GH * GK * GS * GD];
+    if (st == KVS_OK)
+        st = kvs_mpc_input(m, 0, p0 ? in->rows[0] : NULL, GC * GS * GH * GD, rows, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_cache_append(m, KVS_OP_MATMUL, &cache, dealer ? NULL : rows, GC * GS, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_input(m, 1, m->role == KVS_MPC_P1 ? in->g : NULL, GH * GK * GC, g, err);
+    if (!dealer && st == KVS_OK) {
+        st = kvs_chan_flush(m->peer, err);
+        counters(m, &r0, &s0);
+    }
+    if (st == KVS_OK)
+        st = kvs_mpc_cache_gather(m, KVS_OP_GATHER, &cache, dealer ? NULL : g, GK, GS,
+                                  dealer ? NULL : out, err);
+    if (!dealer) {
+        counters(m, &r1, &s1);
+        o->gather_sent = s1 - s0;
+    }
+    if (st == KVS_OK)
+        st = kvs_mpc_open(m, KVS_OP_OPEN, out, GH * GK * GS * GD, o->gathered[0], err);
+    /* clusters of one row (s = 1): a cache of the first GC rows, the same g */
+    kvs_mpc_cache one;
+    kvs_mpc_cache_init(&one, GH, GD);
+    if (st == KVS_OK)
+        st = kvs_mpc_cache_append(m, KVS_OP_MATMUL, &one, dealer ? NULL : rows, GC, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_cache_gather(m, KVS_OP_GATHER, &one, dealer ? NULL : g, GK, 1,
+                                  dealer ? NULL : out, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_open(m, KVS_OP_OPEN, out, GH * GK * GD, o->gathered[1], err);
+    kvs_mpc_cache_free(&cache);
+    kvs_mpc_cache_free(&one);
     return st;
 }
 
@@ -128,6 +169,11 @@ int main(void)
         in.v[2 * LEN + j] = (uint64_t)(int64_t)-7;
         in.v[3 * LEN + j] = (uint64_t)(j % 2 ? lim : -lim);
     }
+    for (int t = 0; t < GC * GS; t++)
+        for (int i = 0; i < GH * GD; i++)
+            in.rows[t][i] = kvs_xoshiro_next(&g);
+    for (int i = 0; i < GH * GK * GC; i++)
+        in.g[i] = i % 3 == 0 ? 1 : kvs_xoshiro_next(&g);
     static sel_ctx ctx;
     ctx.in = &in;
     kvs_mpc_local_cfg cfg = {.frac = 12, .insecure_plain = 1, .corr_seed = {{1}, {2}},
@@ -159,6 +205,24 @@ int main(void)
             ones += want[i];
         CHECKF(ones == ROWS * ks[q], "the emulator keeps %zu, not %d x %zu", ones, ROWS, ks[q]);
     }
+    /* the cluster gather against plain arithmetic (mod 2^64), for clusters of GS rows and of
+     * single rows */
+    int gather_ok = 1;
+    for (int pass = 0; pass < 2; pass++) {
+        const int S = pass == 0 ? GS : 1;
+        for (int h = 0; h < GH; h++)
+            for (int p = 0; p < GK; p++)
+                for (int j = 0; j < S; j++)
+                    for (int i = 0; i < GD; i++) {
+                        uint64_t want = 0;
+                        for (int c = 0; c < GC; c++)
+                            want += in.g[(h * GK + p) * GC + c] * in.rows[c * S + j][h * GD + i];
+                        gather_ok &= o->gathered[pass][((h * GK + p) * S + j) * GD + i] == want;
+                    }
+    }
+    CHECK(gather_ok);
+    CHECKF(o->gather_sent == 8 * GH * GK * GC, "the cluster gather sent %llu bytes",
+           (unsigned long long)o->gather_sent);
     /* the emulator on its own: ties go to the lower index */
     {
         const uint64_t t[6] = {5, 9, 9, 1, 9, 5};

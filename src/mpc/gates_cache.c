@@ -160,3 +160,57 @@ kvs_status kvs_mpc_cache_pv(kvs_mpc *m, kvs_mpc_op op, const kvs_mpc_cache *c,
     free(A);
     return st;
 }
+
+kvs_status kvs_mpc_cache_gather(kvs_mpc *m, kvs_mpc_op op, const kvs_mpc_cache *c,
+                                const uint64_t *g, size_t k, size_t s, uint64_t *out,
+                                kvs_error *err)
+{
+    const int H = c->heads, d = c->d;
+    if (s == 0 || c->len % s != 0)
+        return kvs_fail(err, KVS_ERR_ARG, "a gather of clusters of %zu rows from %zu rows", s,
+                        c->len);
+    const size_t C = c->len / s, ng = (size_t)H * k * C, no = (size_t)H * k * s * (size_t)d;
+    uint64_t *A = malloc(sizeof *A * (ng + no + ng + 1));
+    if (!A)
+        return no_memory(err, ng + no);
+    uint64_t *v = A + ng, *D = v + no;
+    kvs_corr_masks(m, ng, A);
+    /* out[h][p][j] = sum_c g[h][p][c] (E + B)[c s + j][h]: E public, the B part through the
+     * masked g (D = g - A) and the dealer's shares of A B */
+    for (int h = 0; kvs_mpc_is_dealer(m) && h < H; h++)
+        for (size_t p = 0; p < k; p++)
+            for (size_t j = 0; j < s; j++) {
+                uint64_t *vr = v + (((size_t)h * k + p) * s + j) * (size_t)d;
+                memset(vr, 0, sizeof *vr * (size_t)d);
+                for (size_t cl = 0; cl < C; cl++) {
+                    const uint64_t a = A[((size_t)h * k + p) * C + cl];
+                    const uint64_t *b = row_of(c, c->B, cl * s + j, h);
+                    for (int i = 0; i < d; i++)
+                        vr[i] += a * b[i];
+                }
+            }
+    kvs_status st = kvs_corr_shares(m, op, no, v, v, err);
+    if (st != KVS_OK || kvs_mpc_is_dealer(m)) {
+        free(A);
+        return st;
+    }
+    for (size_t i = 0; i < ng; i++)
+        A[i] = g[i] - A[i];
+    st = kvs_mpc_open(m, op, A, ng, D, err);
+    for (int h = 0; st == KVS_OK && h < H; h++)
+        for (size_t p = 0; p < k; p++)
+            for (size_t j = 0; j < s; j++) {
+                uint64_t *o = out + (((size_t)h * k + p) * s + j) * (size_t)d;
+                memcpy(o, v + (((size_t)h * k + p) * s + j) * (size_t)d, sizeof *o * (size_t)d);
+                for (size_t cl = 0; cl < C; cl++) {
+                    const uint64_t gq = g[((size_t)h * k + p) * C + cl];
+                    const uint64_t dq = D[((size_t)h * k + p) * C + cl];
+                    const uint64_t *e = row_of(c, c->E, cl * s + j, h);
+                    const uint64_t *b = row_of(c, c->B, cl * s + j, h);
+                    for (int i = 0; i < d; i++)
+                        o[i] += gq * e[i] + dq * b[i];
+                }
+            }
+    free(A);
+    return st;
+}

@@ -35,4 +35,13 @@ kvs_status kvs_mpc_cache_qk(kvs_mpc *m, kvs_mpc_op op, const kvs_mpc_cache *c,
 kvs_status kvs_mpc_cache_pv(kvs_mpc *m, kvs_mpc_op op, const kvs_mpc_cache *c,
                             const uint64_t *p, size_t n, int G, uint64_t *out, kvs_error *err);
 
+/* Gathers whole clusters of s consecutive rows: out[h][p][j][i] = sum_c g[h][p][c] M[c s + j][h][i]
+ * for p < k, j < s, i < d (g: heads x k x C with C = len / s; out: heads x k x s x d). With g a
+ * one-hot per (h, p) (kvs_mpc_gather_matrix) it copies the chosen clusters' rows: MPCache's
+ * cluster-level gather, whose opening is heads x k x C words (the token-level gather of the same
+ * rows opens heads x k s x len); the dealer sends party 1 heads x k x s x d words. */
+kvs_status kvs_mpc_cache_gather(kvs_mpc *m, kvs_mpc_op op, const kvs_mpc_cache *c,
+                                const uint64_t *g, size_t k, size_t s, uint64_t *out,
+                                kvs_error *err);
+
 #endif
