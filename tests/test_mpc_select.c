@@ -2,8 +2,8 @@
  * the three roles on threads run one-hots of secret indices (edges of the range included),
  * top-k masks at several k over rows with ties (the lower index must win), over values at the
  * edge of the sign test's width, by ranks and by a threshold, and the ordered gather matrix of
- * each mask; then what each
- * gate sent and how many rounds it took. */
+ * each mask; the secret cache's cluster gather against plain arithmetic; then what each gate
+ * sent and how many rounds it took. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
