@@ -2,8 +2,8 @@
  * the three roles on threads run one-hots of secret indices (edges of the range included),
  * top-k masks at several k over rows with ties (the lower index must win), over values at the
  * edge of the sign test's width, by ranks and by a threshold, and the ordered gather matrix of
- * each mask; the secret cache's cluster gather against plain arithmetic; then what each gate
- * sent and how many rounds it took. */
+ * each mask; the secret cache's cluster gather and the product of two shared matrices against
+ * plain arithmetic; then what each gate sent and how many rounds it took. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,12 +17,15 @@
 enum { NI = 40, OB = 5, ROWS = 4, LEN = 13, NK = 5, BITS = 24 };
 /* the cluster gather: GH heads of GD values, GC clusters of GS rows, GK gathered */
 enum { GH = 2, GD = 3, GC = 4, GS = 3, GK = 2 };
+/* the shared matrix product: X (MR x MK, party 0's) times Y (MK x MN, party 1's) */
+enum { MR = 3, MK = 5, MN = 4 };
 static const size_t ks[NK] = {0, 1, 4, 12, 13};
 
 typedef struct inputs {
     uint64_t idx[NI];       /* party 0's secret indices, below 2^OB */
     uint64_t v[ROWS * LEN]; /* party 1's values, |v| < 2^(BITS - 2) */
     uint64_t rows[GC * GS][GH * GD], g[GH * GK * GC]; /* party 0's cache rows, party 1's g */
+    uint64_t X[MR * MK], Y[MK * MN];
 } inputs;
 
 typedef struct outputs {
@@ -32,6 +35,8 @@ typedef struct outputs {
     uint64_t rounds[4], sent[4]; /* one-hot, top-k, gather (the last k), top-k by threshold */
     uint64_t gathered[2][GH * GK * GS * GD]; /* clusters of GS rows, and of single rows */
     uint64_t gather_sent;
+    uint64_t Z[MR * MN];
+    uint64_t mm_rounds, mm_sent;
 } outputs;
 
 typedef struct sel_ctx {
@@ -149,6 +154,26 @@ static kvs_status program(kvs_mpc *m, void *ctx, kvs_error *err)
         st = kvs_mpc_open(m, KVS_OP_OPEN, out, GH * GK * GD, o->gathered[1], err);
     kvs_mpc_cache_free(&cache);
     kvs_mpc_cache_free(&one);
+    /* the shared matrix product */
+    uint64_t X[MR * MK], Y[MK * MN], Z[MR * MN];
+    if (st == KVS_OK)
+        st = kvs_mpc_input(m, 0, p0 ? in->X : NULL, MR * MK, X, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_input(m, 1, m->role == KVS_MPC_P1 ? in->Y : NULL, MK * MN, Y, err);
+    if (!dealer && st == KVS_OK) {
+        st = kvs_chan_flush(m->peer, err);
+        counters(m, &r0, &s0);
+    }
+    if (st == KVS_OK)
+        st = kvs_mpc_matmul(m, KVS_OP_MUL, dealer ? NULL : X, dealer ? NULL : Y, MR, MK, MN,
+                            dealer ? NULL : Z, err);
+    if (!dealer) {
+        counters(m, &r1, &s1);
+        o->mm_rounds = r1 - r0;
+        o->mm_sent = s1 - s0;
+    }
+    if (st == KVS_OK)
+        st = kvs_mpc_open(m, KVS_OP_OPEN, Z, MR * MN, o->Z, err);
     return st;
 }
 
@@ -174,6 +199,10 @@ int main(void)
             in.rows[t][i] = kvs_xoshiro_next(&g);
     for (int i = 0; i < GH * GK * GC; i++)
         in.g[i] = i % 3 == 0 ? 1 : kvs_xoshiro_next(&g);
+    for (int i = 0; i < MR * MK; i++)
+        in.X[i] = kvs_xoshiro_next(&g);
+    for (int i = 0; i < MK * MN; i++)
+        in.Y[i] = i == 0 ? ~(uint64_t)0 : kvs_xoshiro_next(&g);
     static sel_ctx ctx;
     ctx.in = &in;
     kvs_mpc_local_cfg cfg = {.frac = 12, .insecure_plain = 1, .corr_seed = {{1}, {2}},
@@ -223,6 +252,19 @@ int main(void)
     CHECK(gather_ok);
     CHECKF(o->gather_sent == 8 * GH * GK * GC, "the cluster gather sent %llu bytes",
            (unsigned long long)o->gather_sent);
+    /* the shared matrix product, mod 2^64: one round, both matrices' masked copies */
+    int mm_ok = 1;
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < MN; j++) {
+            uint64_t want = 0;
+            for (int t = 0; t < MK; t++)
+                want += in.X[i * MK + t] * in.Y[t * MN + j];
+            mm_ok &= o->Z[i * MN + j] == want;
+        }
+    CHECK(mm_ok);
+    CHECKF(o->mm_rounds == 1 && o->mm_sent == 8 * (MR * MK + MK * MN),
+           "matrix product: %llu rounds, %llu bytes", (unsigned long long)o->mm_rounds,
+           (unsigned long long)o->mm_sent);
     /* the emulator on its own: ties go to the lower index */
     {
         const uint64_t t[6] = {5, 9, 9, 1, 9, 5};

@@ -65,6 +65,46 @@ kvs_status kvs_corr_triples(kvs_mpc *m, kvs_mpc_op op, size_t n, uint64_t *a, ui
     return st;
 }
 
+kvs_status kvs_corr_matrix_triple(kvs_mpc *m, kvs_mpc_op op, size_t r, size_t k, size_t n,
+                                  uint64_t *A, uint64_t *B, uint64_t *C, kvs_error *err)
+{
+    if (m->role != KVS_MPC_DEALER) {
+        kvs_prg *own = m->corr[m->role];
+        kvs_prg_u64(own, A, r * k);
+        kvs_prg_u64(own, B, k * n);
+        if (m->role == KVS_MPC_P0) {
+            kvs_prg_u64(own, C, r * n);
+            return KVS_OK;
+        }
+        return recv_words(m, op, C, r * n, err);
+    }
+    /* the dealer: A = A0 + A1, B = B0 + B1, party 1's C = A B - C0 */
+    const size_t ak = r * k, bk = k * n, cn = r * n;
+    uint64_t *w = malloc(sizeof *w * (2 * ak + 2 * bk + 2 * cn + 1));
+    if (!w)
+        return no_memory(err, 2 * (ak + bk + cn));
+    uint64_t *a = w, *b = a + ak, *c = b + bk, *a1 = c + cn, *b1 = a1 + ak, *c1 = b1 + bk;
+    kvs_prg_u64(m->corr[0], a, ak);
+    kvs_prg_u64(m->corr[0], b, bk);
+    kvs_prg_u64(m->corr[0], c, cn);
+    kvs_prg_u64(m->corr[1], a1, ak);
+    kvs_prg_u64(m->corr[1], b1, bk);
+    for (size_t i = 0; i < ak; i++)
+        a[i] += a1[i];
+    for (size_t i = 0; i < bk; i++)
+        b[i] += b1[i];
+    for (size_t i = 0; i < r; i++)
+        for (size_t j = 0; j < n; j++) {
+            uint64_t acc = 0;
+            for (size_t t = 0; t < k; t++)
+                acc += a[i * k + t] * b[t * n + j];
+            c1[i * n + j] = acc - c[i * n + j];
+        }
+    kvs_status st = send_words(m, 1, op, c1, cn, err);
+    free(w);
+    return st;
+}
+
 void kvs_corr_weight_mask(kvs_mpc *m, size_t k, size_t n, uint64_t *B)
 {
     if (m->role != KVS_MPC_P0)

@@ -14,6 +14,12 @@
 kvs_status kvs_corr_triples(kvs_mpc *m, kvs_mpc_op op, size_t n, uint64_t *a, uint64_t *b, uint64_t *c,
                             kvs_error *err);
 
+/* A matrix Beaver triple: shares of A (r x k), B (k x n) and C = A B (r x n), row-major. Party 0
+ * draws all three from its stream, party 1 A and B, and C as r x n corrections from the
+ * dealer. */
+kvs_status kvs_corr_matrix_triple(kvs_mpc *m, kvs_mpc_op op, size_t r, size_t k, size_t n,
+                                  uint64_t *A, uint64_t *B, uint64_t *C, kvs_error *err);
+
 /* The fixed mask B (k x n, row-major) of one weight matrix of party 1: drawn from party 1's
  * stream by party 1 and the dealer (party 0 draws nothing). Call once per matrix. */
 void kvs_corr_weight_mask(kvs_mpc *m, size_t k, size_t n, uint64_t *B);

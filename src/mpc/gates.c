@@ -118,6 +118,51 @@ kvs_status kvs_mpc_mul(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, const uint6
     return st;
 }
 
+/* y (rows x n) += x (rows x k) M (k x n), mod 2^64. */
+static void matmul_add(const uint64_t *x, const uint64_t *M, size_t rows, size_t k, size_t n,
+                       uint64_t *y)
+{
+    for (size_t r = 0; r < rows; r++)
+        for (size_t i = 0; i < k; i++) {
+            const uint64_t v = x[r * k + i];
+            const uint64_t *mi = M + i * n;
+            uint64_t *yr = y + r * n;
+            for (size_t j = 0; j < n; j++)
+                yr[j] += v * mi[j];
+        }
+}
+
+kvs_status kvs_mpc_matmul(kvs_mpc *m, kvs_mpc_op op, const uint64_t *X, const uint64_t *Y,
+                          size_t r, size_t k, size_t n, uint64_t *Z, kvs_error *err)
+{
+    const size_t ak = r * k, bk = k * n;
+    uint64_t *w = malloc(sizeof *w * (ak + bk + 2 * (ak + bk) + 1));
+    if (!w)
+        return no_memory(err, "a matrix product", ak + bk);
+    uint64_t *A = w, *B = A + ak, *de = B + bk, *open = de + ak + bk;
+    kvs_status st = kvs_corr_matrix_triple(m, op, r, k, n, A, B, kvs_mpc_is_dealer(m) ? NULL : Z,
+                                           err);
+    if (st != KVS_OK || kvs_mpc_is_dealer(m)) {
+        free(w);
+        return st;
+    }
+    for (size_t i = 0; i < ak; i++)
+        de[i] = X[i] - A[i];
+    for (size_t i = 0; i < bk; i++)
+        de[ak + i] = Y[i] - B[i];
+    st = kvs_mpc_open(m, op, de, ak + bk, open, err);
+    if (st == KVS_OK) {
+        /* X Y = (D + A)(E + B) = D E + D B + A E + A B: Z holds C, party 0 adds D E */
+        const uint64_t *D = open, *E = open + ak;
+        matmul_add(D, B, r, k, n, Z);
+        matmul_add(A, E, r, k, n, Z);
+        if (m->role == KVS_MPC_P0)
+            matmul_add(D, E, r, k, n, Z);
+    }
+    free(w);
+    return st;
+}
+
 kvs_status kvs_mpc_trunc(kvs_mpc *m, kvs_mpc_op op, uint64_t *x, size_t n, int f,
                          kvs_error *err)
 {
@@ -233,19 +278,6 @@ void kvs_mpc_weight_free(kvs_mpc_weight *w)
     w->W = w->B = w->Wm = NULL;
 }
 
-/* y (rows x n) += x (rows x k) M (k x n), mod 2^64. */
-static void matmul_add(const uint64_t *x, const uint64_t *M, size_t rows, size_t k, size_t n,
-                       uint64_t *y)
-{
-    for (size_t r = 0; r < rows; r++)
-        for (size_t i = 0; i < k; i++) {
-            const uint64_t v = x[r * k + i];
-            const uint64_t *mi = M + i * n;
-            uint64_t *yr = y + r * n;
-            for (size_t j = 0; j < n; j++)
-                yr[j] += v * mi[j];
-        }
-}
 
 kvs_status kvs_mpc_matmul_w(kvs_mpc *m, const kvs_mpc_weight *w, const uint64_t *x,
                             size_t rows, uint64_t *y, kvs_error *err)

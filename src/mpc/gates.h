@@ -36,6 +36,12 @@ kvs_status kvs_mpc_reveal(kvs_mpc *m, kvs_mpc_op op, int to, const uint64_t *sha
 kvs_status kvs_mpc_mul(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, const uint64_t *y,
                        size_t n, uint64_t *z, kvs_error *err);
 
+/* Z (r x n) = X (r x k) Y (k x n) mod 2^64 for two shared matrices (no truncation): one matrix
+ * triple; X - A and Y - B opened in one message (r k + k n words each way), one round. Z must
+ * not alias X or Y. */
+kvs_status kvs_mpc_matmul(kvs_mpc *m, kvs_mpc_op op, const uint64_t *X, const uint64_t *Y,
+                          size_t r, size_t k, size_t n, uint64_t *Z, kvs_error *err);
+
 /* x = floor(x / 2^f) of each signed value, exactly, for |x| < 2^62: the parties open
  * c = x + 2^62 + r for a dealer mask r (one round, 8 bytes each way per value); one DCF over f
  * bits gives the borrow of the low bits (Boyle et al. 2021), and since x + 2^62 < 2^63 the wrap
