@@ -2,8 +2,8 @@
  * the three roles on threads run one-hots of secret indices (edges of the range included),
  * top-k masks at several k over rows with ties (the lower index must win), over values at the
  * edge of the sign test's width, by ranks and by a threshold, and the ordered gather matrix of
- * each mask; the secret cache's cluster gather and the product of two shared matrices against
- * plain arithmetic; then what each gate sent and how many rounds it took. */
+ * each mask, MPCache's cluster representatives; the secret cache's cluster gather and the
+ * product of two shared matrices against plain arithmetic; then what each gate sent and how many rounds it took. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +11,7 @@
 #include "check.h"
 #include "core/random.h"
 #include "mpc/gates_cache.h"
+#include "mpc/fxp.h"
 #include "mpc/gates_select.h"
 #include "mpc/local.h"
 
@@ -19,6 +20,8 @@ enum { NI = 40, OB = 5, ROWS = 4, LEN = 13, NK = 5, BITS = 24 };
 enum { GH = 2, GD = 3, GC = 4, GS = 3, GK = 2 };
 /* the shared matrix product: X (MR x MK, party 0's) times Y (MK x MN, party 1's) */
 enum { MR = 3, MK = 5, MN = 4 };
+/* cluster representatives: RN clusters of RS rows of RD values */
+enum { RN = 6, RS = 5, RD = 4 };
 static const size_t ks[NK] = {0, 1, 4, 12, 13};
 
 typedef struct inputs {
@@ -26,6 +29,7 @@ typedef struct inputs {
     uint64_t v[ROWS * LEN]; /* party 1's values, |v| < 2^(BITS - 2) */
     uint64_t rows[GC * GS][GH * GD], g[GH * GK * GC]; /* party 0's cache rows, party 1's g */
     uint64_t X[MR * MK], Y[MK * MN];
+    uint64_t cx[RN * RS * RD];
 } inputs;
 
 typedef struct outputs {
@@ -37,6 +41,7 @@ typedef struct outputs {
     uint64_t gather_sent;
     uint64_t Z[MR * MN];
     uint64_t mm_rounds, mm_sent;
+    uint64_t rep[RN * RD];
 } outputs;
 
 typedef struct sel_ctx {
@@ -174,6 +179,15 @@ static kvs_status program(kvs_mpc *m, void *ctx, kvs_error *err)
     }
     if (st == KVS_OK)
         st = kvs_mpc_open(m, KVS_OP_OPEN, Z, MR * MN, o->Z, err);
+    /* cluster representatives at alpha = 0.6 */
+    uint64_t cx[RN * RS * RD], rep[RN * RD];
+    if (st == KVS_OK)
+        st = kvs_mpc_input(m, 0, p0 ? in->cx : NULL, RN * RS * RD, cx, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_cluster_reps(m, KVS_OP_TOPK, dealer ? NULL : cx, RN, RS, RD,
+                                  kvs_fx_encode(0.6, m->frac), 24, dealer ? NULL : rep, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_open(m, KVS_OP_OPEN, rep, RN * RD, o->rep, err);
     return st;
 }
 
@@ -203,6 +217,9 @@ int main(void)
         in.X[i] = kvs_xoshiro_next(&g);
     for (int i = 0; i < MK * MN; i++)
         in.Y[i] = i == 0 ? ~(uint64_t)0 : kvs_xoshiro_next(&g);
+    for (int i = 0; i < RN * RS * RD; i++) /* |x| < 2^20, with a tied cluster */
+        in.cx[i] = i < RS * RD ? 77 : (uint64_t)((int64_t)(kvs_xoshiro_next(&g) % (1u << 21)) -
+                                                 (1 << 20));
     static sel_ctx ctx;
     ctx.in = &in;
     kvs_mpc_local_cfg cfg = {.frac = 12, .insecure_plain = 1, .corr_seed = {{1}, {2}},
@@ -265,6 +282,11 @@ int main(void)
     CHECKF(o->mm_rounds == 1 && o->mm_sent == 8 * (MR * MK + MK * MN),
            "matrix product: %llu rounds, %llu bytes", (unsigned long long)o->mm_rounds,
            (unsigned long long)o->mm_sent);
+    /* cluster representatives against their emulator */
+    uint64_t want_rep[RN * RD];
+    kvs_fx_cluster_reps(in.cx, RN, RS, RD, kvs_fx_encode(0.6, 12), 12, want_rep);
+    CHECK(!memcmp(want_rep, o->rep, sizeof want_rep));
+    CHECK(want_rep[0] == kvs_fx_ars(77 * ((uint64_t)1 << 12), 12)); /* a constant cluster */
     /* the emulator on its own: ties go to the lower index */
     {
         const uint64_t t[6] = {5, 9, 9, 1, 9, 5};

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "mpc/corr.h"
+#include "mpc/fxp.h"
 
 static kvs_status no_memory(kvs_error *err, const char *what, size_t n)
 {
@@ -227,6 +228,54 @@ kvs_status kvs_mpc_gather_matrix(kvs_mpc *m, kvs_mpc_op op, const uint64_t *sel,
                          err);
     free(pos);
     return st;
+}
+
+kvs_status kvs_mpc_cluster_reps(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, size_t s,
+                                size_t d, uint64_t alpha, int bits, uint64_t *rep,
+                                kvs_error *err)
+{
+    if (s == 0)
+        return kvs_fail(err, KVS_ERR_ARG, "clusters of 0 rows");
+    const int dealer = kvs_mpc_is_dealer(m);
+    const size_t nd = n * d;
+    /* rows: (c, i) of x, then of -x, each its s values; mx: their maxima */
+    uint64_t *t = calloc(2 * nd * s + 2 * nd + 1, sizeof *t);
+    if (!t)
+        return no_memory(err, "cluster bounds", 2 * nd * s);
+    uint64_t *mx = t + 2 * nd * s;
+    for (size_t c = 0; !dealer && c < n; c++)
+        for (size_t j = 0; j < s; j++)
+            for (size_t i = 0; i < d; i++) {
+                const uint64_t v = x[(c * s + j) * d + i];
+                t[(c * d + i) * s + j] = v;
+                t[(nd + c * d + i) * s + j] = (uint64_t)0 - v;
+            }
+    kvs_status st = kvs_mpc_max_rows(m, op, dealer ? NULL : t, 2 * nd, s, bits,
+                                     dealer ? NULL : mx, err);
+    /* alpha max + (1 - alpha) min = alpha max - (1 - alpha) max(-x), then one truncation */
+    const uint64_t one = (uint64_t)1 << m->frac, beta = one - alpha;
+    for (size_t q = 0; !dealer && st == KVS_OK && q < nd; q++)
+        rep[q] = alpha * mx[q] - beta * mx[nd + q];
+    if (st == KVS_OK)
+        st = kvs_mpc_trunc(m, op, dealer ? NULL : rep, nd, m->frac, err);
+    free(t);
+    return st;
+}
+
+void kvs_fx_cluster_reps(const uint64_t *x, size_t n, size_t s, size_t d, uint64_t alpha,
+                         int frac, uint64_t *rep)
+{
+    const uint64_t beta = ((uint64_t)1 << frac) - alpha;
+    for (size_t c = 0; c < n; c++)
+        for (size_t i = 0; i < d; i++) {
+            int64_t hi = (int64_t)x[c * s * d + i], lo = hi;
+            for (size_t j = 1; j < s; j++) {
+                const int64_t v = (int64_t)x[(c * s + j) * d + i];
+                hi = v > hi ? v : hi;
+                lo = v < lo ? v : lo;
+            }
+            rep[c * d + i] = kvs_fx_ars(alpha * (uint64_t)hi + beta * (uint64_t)lo, frac);
+        }
 }
 
 void kvs_fx_topk_mask(const uint64_t *v, size_t rows, size_t len, size_t k, uint64_t *sel)

@@ -46,8 +46,21 @@ kvs_status kvs_mpc_topk_threshold(kvs_mpc *m, kvs_mpc_op op, const uint64_t *v, 
 kvs_status kvs_mpc_gather_matrix(kvs_mpc *m, kvs_mpc_op op, const uint64_t *sel, size_t rows,
                                  size_t len, size_t k, uint64_t *G, kvs_error *err);
 
+/* MPCache's cluster representatives (its linear score's bound): for n clusters of s rows of d
+ * values (x: n x s x d, fixed point at m->frac), rep[c][i] = alpha max_j x[c][j][i] +
+ * (1 - alpha) min_j x[c][j][i], truncated once (alpha: public, fixed point at m->frac). The
+ * maxima and minima (the maxima of -x) go through one max tree over 2 n d rows of s values
+ * (ceil(log2 s) levels of two rounds, sign tests over `bits` bits for |x_j - x_j'| <
+ * 2^(bits-1)); the weighting is local, the truncation one round. Done once per sealed
+ * cluster: the score q . rep is then a product with the representatives, no comparison. */
+kvs_status kvs_mpc_cluster_reps(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, size_t s,
+                                size_t d, uint64_t alpha, int bits, uint64_t *rep,
+                                kvs_error *err);
+
 /* The plaintext emulators (values as they are reconstructed: two's complement in Z_2^64). */
 void kvs_fx_topk_mask(const uint64_t *v, size_t rows, size_t len, size_t k, uint64_t *sel);
 void kvs_fx_gather_matrix(const uint64_t *sel, size_t rows, size_t len, size_t k, uint64_t *G);
+void kvs_fx_cluster_reps(const uint64_t *x, size_t n, size_t s, size_t d, uint64_t alpha,
+                         int frac, uint64_t *rep);
 
 #endif
