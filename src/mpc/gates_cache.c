@@ -115,26 +115,28 @@ kvs_status kvs_mpc_cache_qk(kvs_mpc *m, kvs_mpc_op op, const kvs_mpc_cache *c,
     return st;
 }
 
-kvs_status kvs_mpc_cache_pv(kvs_mpc *m, kvs_mpc_op op, const kvs_mpc_cache *c,
-                            const uint64_t *p, size_t n, int G, uint64_t *out, kvs_error *err)
+/* out[q][j][i] = sum_c w[q][c] M[c s + j][h(q)][i] for Q weight rows over C = len / s groups of
+ * s rows, h(q) = (q / div) mod heads: M = E + B, E public, the B part through the opened w - A
+ * and the dealer's shares of A B. cache_pv is the case s = 1, cache_gather the case of whole
+ * clusters. */
+static kvs_status weighted_rows(kvs_mpc *m, kvs_mpc_op op, const kvs_mpc_cache *c,
+                                const uint64_t *w, size_t Q, size_t s, size_t div,
+                                uint64_t *out, kvs_error *err)
 {
-    const int d = c->d;
-    const size_t T = c->len, Q = n * (size_t)c->heads * G; /* probability rows [r][h][g] */
-    const size_t np = Q * T, no = Q * d;
-    uint64_t *A = malloc(sizeof *A * (np + no + np + 1));
+    const size_t d = (size_t)c->d, C = c->len / s, nw = Q * C, no = Q * s * d;
+    uint64_t *A = malloc(sizeof *A * (nw + no + nw + 1));
     if (!A)
-        return no_memory(err, np + no);
-    uint64_t *v = A + np, *D = v + no;
-    kvs_corr_masks(m, np, A);
-    if (kvs_mpc_is_dealer(m)) /* v = A B */
-        for (size_t q = 0; q < Q; q++) {
-            uint64_t *vr = v + q * d;
-            const int h = (int)(q / G % (size_t)c->heads);
+        return no_memory(err, nw + no);
+    uint64_t *v = A + nw, *D = v + no;
+    kvs_corr_masks(m, nw, A);
+    for (size_t q = 0; kvs_mpc_is_dealer(m) && q < Q; q++) /* v = A B */
+        for (size_t j = 0; j < s; j++) {
+            uint64_t *vr = v + (q * s + j) * d;
+            const int h = (int)(q / div % (size_t)c->heads);
             memset(vr, 0, sizeof *vr * d);
-            for (size_t t = 0; t < T; t++) {
-                const uint64_t a = A[q * T + t];
-                const uint64_t *b = row_of(c, c->B, t, h);
-                for (int i = 0; i < d; i++)
+            for (size_t cl = 0; cl < C; cl++) {
+                const uint64_t a = A[q * C + cl], *b = row_of(c, c->B, cl * s + j, h);
+                for (size_t i = 0; i < d; i++)
                     vr[i] += a * b[i];
             }
         }
@@ -143,74 +145,40 @@ kvs_status kvs_mpc_cache_pv(kvs_mpc *m, kvs_mpc_op op, const kvs_mpc_cache *c,
         free(A);
         return st;
     }
-    for (size_t i = 0; i < np; i++)
-        A[i] = p[i] - A[i];
-    st = kvs_mpc_open(m, op, A, np, D, err);
-    for (size_t q = 0; st == KVS_OK && q < Q; q++) {
-        uint64_t *o = out + q * d;
-        const int h = (int)(q / G % (size_t)c->heads);
-        memcpy(o, v + q * d, sizeof *o * d);
-        for (size_t t = 0; t < T; t++) {
-            const uint64_t pt = p[q * T + t], dt = D[q * T + t];
-            const uint64_t *e = row_of(c, c->E, t, h), *b = row_of(c, c->B, t, h);
-            for (int i = 0; i < d; i++)
-                o[i] += pt * e[i] + dt * b[i];
+    for (size_t i = 0; i < nw; i++)
+        A[i] = w[i] - A[i];
+    st = kvs_mpc_open(m, op, A, nw, D, err);
+    for (size_t q = 0; st == KVS_OK && q < Q; q++)
+        for (size_t j = 0; j < s; j++) {
+            uint64_t *o = out + (q * s + j) * d;
+            const int h = (int)(q / div % (size_t)c->heads);
+            memcpy(o, v + (q * s + j) * d, sizeof *o * d);
+            for (size_t cl = 0; cl < C; cl++) {
+                const uint64_t wq = w[q * C + cl], dq = D[q * C + cl];
+                const uint64_t *e = row_of(c, c->E, cl * s + j, h);
+                const uint64_t *b = row_of(c, c->B, cl * s + j, h);
+                for (size_t i = 0; i < d; i++)
+                    o[i] += wq * e[i] + dq * b[i];
+            }
         }
-    }
     free(A);
     return st;
+}
+
+kvs_status kvs_mpc_cache_pv(kvs_mpc *m, kvs_mpc_op op, const kvs_mpc_cache *c,
+                            const uint64_t *p, size_t n, int G, uint64_t *out, kvs_error *err)
+{
+    return weighted_rows(m, op, c, p, n * (size_t)c->heads * (size_t)G, 1, (size_t)G, out, err);
 }
 
 kvs_status kvs_mpc_cache_gather(kvs_mpc *m, kvs_mpc_op op, const kvs_mpc_cache *c,
                                 const uint64_t *g, size_t k, size_t s, uint64_t *out,
                                 kvs_error *err)
 {
-    const int H = c->heads, d = c->d;
     if (s == 0 || c->len % s != 0)
         return kvs_fail(err, KVS_ERR_ARG, "a gather of clusters of %zu rows from %zu rows", s,
                         c->len);
-    const size_t C = c->len / s, ng = (size_t)H * k * C, no = (size_t)H * k * s * (size_t)d;
-    uint64_t *A = malloc(sizeof *A * (ng + no + ng + 1));
-    if (!A)
-        return no_memory(err, ng + no);
-    uint64_t *v = A + ng, *D = v + no;
-    kvs_corr_masks(m, ng, A);
-    /* out[h][p][j] = sum_c g[h][p][c] (E + B)[c s + j][h]: E public, the B part through the
-     * masked g (D = g - A) and the dealer's shares of A B */
-    for (int h = 0; kvs_mpc_is_dealer(m) && h < H; h++)
-        for (size_t p = 0; p < k; p++)
-            for (size_t j = 0; j < s; j++) {
-                uint64_t *vr = v + (((size_t)h * k + p) * s + j) * (size_t)d;
-                memset(vr, 0, sizeof *vr * (size_t)d);
-                for (size_t cl = 0; cl < C; cl++) {
-                    const uint64_t a = A[((size_t)h * k + p) * C + cl];
-                    const uint64_t *b = row_of(c, c->B, cl * s + j, h);
-                    for (int i = 0; i < d; i++)
-                        vr[i] += a * b[i];
-                }
-            }
-    kvs_status st = kvs_corr_shares(m, op, no, v, v, err);
-    if (st != KVS_OK || kvs_mpc_is_dealer(m)) {
-        free(A);
-        return st;
-    }
-    for (size_t i = 0; i < ng; i++)
-        A[i] = g[i] - A[i];
-    st = kvs_mpc_open(m, op, A, ng, D, err);
-    for (int h = 0; st == KVS_OK && h < H; h++)
-        for (size_t p = 0; p < k; p++)
-            for (size_t j = 0; j < s; j++) {
-                uint64_t *o = out + (((size_t)h * k + p) * s + j) * (size_t)d;
-                memcpy(o, v + (((size_t)h * k + p) * s + j) * (size_t)d, sizeof *o * (size_t)d);
-                for (size_t cl = 0; cl < C; cl++) {
-                    const uint64_t gq = g[((size_t)h * k + p) * C + cl];
-                    const uint64_t dq = D[((size_t)h * k + p) * C + cl];
-                    const uint64_t *e = row_of(c, c->E, cl * s + j, h);
-                    const uint64_t *b = row_of(c, c->B, cl * s + j, h);
-                    for (int i = 0; i < d; i++)
-                        o[i] += gq * e[i] + dq * b[i];
-                }
-            }
-    free(A);
-    return st;
+    if (k == 0)
+        return KVS_OK;
+    return weighted_rows(m, op, c, g, (size_t)c->heads * k, s, k, out, err);
 }
