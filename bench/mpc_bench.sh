@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The two-party engine's cost per decoded token by context length (issue 12): for each context
 # T, `kvslim mpc run` prefills the first T tokens of a token file, then feeds 4 teacher-forced
-# decode steps and generates 1 token; the table reports the decode steps' means — online bytes
+# decode steps and generates 1 token (a file with fewer than T + 4 tokens: generates 5, so 4
+# decode steps follow the prefill); the table reports the decode steps' means — online bytes
 # (both parties and each party's share, payload and wire), rounds, dealer bytes, loopback wall seconds, modelled LAN
 # and WAN seconds — and the per-operation breakdown, beside the stories260K contexts and the
 # recall model's; a table per operation (online bytes, rounds, dealer bytes); then the
@@ -33,15 +34,19 @@ flags=()
 rows=()
 run() { # MODEL_ARGS... -- TOKENS_SRC T NAME
   local name=$1 src=$2 t=$3; shift 3
-  local toks=$out/$name-$t.tokens
+  local toks=$out/$name-$t.tokens gen=1
   head -n $((t + 4)) "$src" > "$toks"
-  if [ "$(wc -l < "$toks")" -lt $((t + 4)) ]; then
-    echo "mpc_bench: $src has fewer than $((t + 4)) tokens; skipping $name at $t" >&2
+  local have
+  have=$(wc -l < "$toks")
+  if [ "$have" -lt "$t" ]; then
+    echo "mpc_bench: $src has fewer than $t tokens; skipping $name at $t" >&2
     return 0
   fi
+  # a file ending before t + 4 tokens: the decode steps generate (greedy) instead
+  [ "$have" -lt $((t + 4)) ] && { head -n "$t" "$src" > "$toks"; gen=5; }
   echo "mpc_bench: $name, context $t" >&2
-  "$kvslim" mpc run "$@" --tokens "$toks" --prompt-len "$t" -n 1 --timeout 600 "${flags[@]}" \
-    --json "$out/$name-$t.json" >/dev/null
+  "$kvslim" mpc run "$@" --tokens "$toks" --prompt-len "$t" -n "$gen" --timeout 600 \
+    "${flags[@]}" --json "$out/$name-$t.json" >/dev/null
   rows+=("$name|$t|$out/$name-$t.json")
 }
 for t in $contexts; do
