@@ -143,6 +143,7 @@ void kvs_mpc_llama_free(kvs_mpc_llama *L)
 /* Scratch for a block of n tokens at context T (after the block), sized by the shape. */
 typedef struct step_buf {
     uint64_t *x, *xn, *qkv, *qk, *v, *att, *o, *h, *a, *t, *sc, *e, *row;
+    double *rot; /* n x rot_dim / 2 x (cos, sin) of the rows' RoPE angles, for every layer */
 } step_buf;
 
 /* x times public constants c (fixed point at frac) elementwise, then truncated: y may alias. */
@@ -204,18 +205,31 @@ static kvs_status rmsnorm(kvs_mpc *m, const kvs_mpc_shape *s, const uint64_t *x,
     return st;
 }
 
-/* RoPE of one row's heads at a public position, with an extra public factor (1/sqrt(head_dim)
- * for queries): the rotated pairs are public linear maps of the shares (a truncation follows,
- * by the caller). */
-static void rope_row(const kvs_mpc *m, const kvs_mpc_shape *s, uint64_t *v, int heads, int pos,
-                     double scale)
+/* The RoPE angles' cosines and sines of n rows from position pos: the same for every layer. */
+static void rope_angles(const kvs_mpc_shape *s, int pos, size_t n, double *rot)
+{
+    const int pairs = s->rot_dim / 2;
+    for (int p = 0; p < pairs; p++) {
+        const double freq = pow(s->rope_base, -2.0 * p / s->rot_dim);
+        for (size_t r = 0; r < n; r++) {
+            const double th = (double)(pos + (int)r) * freq;
+            rot[(r * (size_t)pairs + (size_t)p) * 2] = cos(th);
+            rot[(r * (size_t)pairs + (size_t)p) * 2 + 1] = sin(th);
+        }
+    }
+}
+
+/* RoPE of one row's heads by its angles (rot: rot_dim / 2 x (cos, sin)), with an extra public
+ * factor (1/sqrt(head_dim) for queries): the rotated pairs are public linear maps of the shares
+ * (a truncation follows, by the caller). */
+static void rope_row(const kvs_mpc *m, const kvs_mpc_shape *s, uint64_t *v, int heads,
+                     const double *rot, double scale)
 {
     const int hd = s->head_dim, pairs = s->rot_dim / 2;
     const uint64_t k = kvs_fx_encode(scale, m->frac);
     for (int p = 0; p < pairs; p++) {
-        const double th = pos * pow(s->rope_base, -2.0 * p / s->rot_dim);
-        const uint64_t c = kvs_fx_encode(cos(th) * scale, m->frac);
-        const uint64_t sn = kvs_fx_encode(sin(th) * scale, m->frac);
+        const uint64_t c = kvs_fx_encode(rot[2 * p] * scale, m->frac);
+        const uint64_t sn = kvs_fx_encode(rot[2 * p + 1] * scale, m->frac);
         const int i0 = s->neox ? p : 2 * p, i1 = s->neox ? p + pairs : 2 * p + 1;
         for (int h = 0; h < heads; h++) {
             uint64_t *x = v + (size_t)h * hd;
@@ -281,8 +295,13 @@ static kvs_status buf_alloc(step_buf *b, const kvs_mpc_shape *s, size_t n, size_
     const size_t words = n * (4 * dim + (dim + 2 * kvd) + (dim + kvd) + kvd + 2 * hid + hid) +
                          tw + 2 * big + 4 * n * (size_t)s->n_heads;
     uint64_t *p = calloc(words, sizeof *p);
-    if (!p)
+    double *rot = malloc(sizeof *rot * (n * (size_t)(s->rot_dim / 2) * 2 + 1));
+    if (!p || !rot) {
+        free(p);
+        free(rot);
         return KVS_ERR_NOMEM;
+    }
+    b->rot = rot;
     b->x = p;
     b->xn = b->x + n * dim;
     b->att = b->xn + n * dim;
@@ -316,8 +335,9 @@ static kvs_status attention(kvs_mpc *m, kvs_mpc_llama *L, kvs_mpc_layer *Ly, siz
         uint64_t *qk = b->qk + r * (dim + kvd);
         memcpy(qk, b->qkv + r * W, sizeof *qk * (dim + kvd));
         memcpy(b->v + r * kvd, b->qkv + r * W + dim + kvd, sizeof *b->v * kvd);
-        rope_row(m, s, qk, s->n_heads, L->pos + (int)r, qscale);
-        rope_row(m, s, qk + dim, s->n_kv_heads, L->pos + (int)r, 1.0);
+        const double *rot = b->rot + r * (size_t)(s->rot_dim / 2) * 2;
+        rope_row(m, s, qk, s->n_heads, rot, qscale);
+        rope_row(m, s, qk + dim, s->n_kv_heads, rot, 1.0);
     }
     if (st == KVS_OK)
         st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : b->qk, n * (dim + kvd), m->frac,
@@ -407,6 +427,8 @@ kvs_status kvs_mpc_llama_forward(kvs_mpc *m, kvs_mpc_llama *L, const int32_t *to
     if (buf_alloc(&b, s, N, (size_t)pos + N) != KVS_OK)
         return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for %d tokens at position %d", n,
                         pos);
+    if (!dealer)
+        rope_angles(s, pos, N, b.rot);
     /* row r of a head's scores sees the cache up to its own position */
     size_t *valid = (size_t *)(b.row + 3 * N * (size_t)s->n_heads);
     for (size_t r = 0; r < N * (size_t)s->n_heads; r++)
@@ -436,6 +458,7 @@ kvs_status kvs_mpc_llama_forward(kvs_mpc *m, kvs_mpc_llama *L, const int32_t *to
     if (st == KVS_OK)
         L->pos += n;
     free(b.x);
+    free(b.rot);
     return st;
 }
 

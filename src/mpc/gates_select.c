@@ -200,7 +200,10 @@ kvs_status kvs_mpc_gather_matrix(kvs_mpc *m, kvs_mpc_op op, const uint64_t *sel,
 {
     if (k > len)
         return kvs_fail(err, KVS_ERR_ARG, "a gather of %zu of %zu values", k, len);
-    const int dealer = kvs_mpc_is_dealer(m), pb = log2_ceil(k + 1) ? log2_ceil(k + 1) : 1;
+    const int dealer = kvs_mpc_is_dealer(m);
+    int pb = log2_ceil(k + 1); /* positions 0..k: at least one bit */
+    if (pb < 1)
+        pb = 1;
     const size_t w = (size_t)1 << pb, nv = rows * len, ng = rows * k * len;
     uint64_t *pos = calloc(nv + nv * w + 2 * ng + 1, sizeof *pos);
     if (!pos)
