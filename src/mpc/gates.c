@@ -70,6 +70,26 @@ uint64_t kvs_mpc_unpack(const uint8_t *in, size_t i, int bits)
     return bits >= 64 ? w : w & (((uint64_t)1 << bits) - 1);
 }
 
+kvs_status kvs_mpc_open_bits(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, int bits,
+                             uint64_t *c, kvs_error *err)
+{
+    if (kvs_mpc_is_dealer(m) || n == 0)
+        return KVS_OK;
+    const size_t nb = (size_t)(bits + 7) / 8;
+    const uint64_t keep = bits >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << bits) - 1;
+    uint8_t *msg = malloc(2 * nb * n);
+    if (!msg)
+        return no_memory(err, "an opening", n);
+    kvs_mpc_pack(m, x, n, bits, msg);
+    kvs_status st = kvs_chan_send(m->peer, op, msg, nb * n, err);
+    if (st == KVS_OK)
+        st = kvs_chan_recv(m->peer, op, msg + nb * n, nb * n, err);
+    for (size_t i = 0; st == KVS_OK && i < n; i++)
+        c[i] = (kvs_mpc_unpack(msg + nb * n, i, bits) + x[i]) & keep;
+    free(msg);
+    return st;
+}
+
 kvs_status kvs_mpc_reveal(kvs_mpc *m, kvs_mpc_op op, int to, const uint64_t *share, size_t n,
                           uint64_t *out, kvs_error *err)
 {

@@ -25,6 +25,11 @@ kvs_status kvs_mpc_open(kvs_mpc *m, kvs_mpc_op op, const uint64_t *share, size_t
 void kvs_mpc_pack(kvs_mpc *m, const uint64_t *v, size_t n, int bits, uint8_t *out);
 /* Value i of a packed buffer, reduced mod 2^bits. */
 uint64_t kvs_mpc_unpack(const uint8_t *in, size_t i, int bits);
+/* c = (x0 + x1) mod 2^bits for shares x (parties; the dealer returns at once): each party sends
+ * its share packed (kvs_mpc_pack: ceil(bits/8) bytes a value, random filler above bits), one
+ * round. c may alias x. */
+kvs_status kvs_mpc_open_bits(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, int bits,
+                             uint64_t *c, kvs_error *err);
 
 /* Only party `to` learns the n values: the other party sends its shares (half a round); out:
  * party `to` only. */

@@ -19,14 +19,13 @@ kvs_status kvs_mpc_nonneg_bits(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, siz
         return kvs_fail(err, KVS_ERR_ARG, "sign test over %d bits: expected 2 to 64", bits);
     if (n == 0)
         return KVS_OK;
-    const int lb = bits - 1, nb = (bits + 7) / 8;
+    const int lb = bits - 1;
     const size_t kb = kvs_dcf_key_bytes(lb);
     uint64_t *w = malloc(sizeof *w * 5 * n);
-    uint8_t *keys = malloc(kb * n), *msg = malloc((size_t)nb * n * 2);
-    if (!w || !keys || !msg) {
+    uint8_t *keys = malloc(kb * n);
+    if (!w || !keys) {
         free(w);
         free(keys);
-        free(msg);
         return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for %zu sign tests", n);
     }
     uint64_t *r = w, *rh = w + n, *alpha = w + 2 * n, *beta = w + 3 * n, *tmp = w + 4 * n;
@@ -42,20 +41,14 @@ kvs_status kvs_mpc_nonneg_bits(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, siz
     if (st == KVS_OK)
         st = kvs_corr_dcf(m, op, lb, n, alpha, beta, keys, err);
     if (st == KVS_OK && !kvs_mpc_is_dealer(m)) {
-        /* open c = (x + r) mod 2^bits in nb bytes a value (kvs_mpc_pack) */
-        uint8_t *out = msg, *in = msg + (size_t)nb * n;
-        for (size_t i = 0; i < n; i++)
-            tmp[i] = x[i] + r[i];
-        kvs_mpc_pack(m, tmp, n, bits, out);
-        st = kvs_chan_send(m->peer, op, out, (size_t)nb * n, err);
-        if (st == KVS_OK)
-            st = kvs_chan_recv(m->peer, op, in, (size_t)nb * n, err);
+        /* open c = (x + r) mod 2^bits */
         const int b = (int)m->role;
         uint64_t *c = alpha, *borrow = beta; /* the parties' use of the dealer's arrays */
-        for (size_t i = 0; st == KVS_OK && i < n; i++) {
-            c[i] = low_bits(kvs_mpc_unpack(in, i, bits) + x[i] + r[i], bits);
+        for (size_t i = 0; i < n; i++)
+            tmp[i] = x[i] + r[i];
+        st = kvs_mpc_open_bits(m, op, tmp, n, bits, c, err);
+        for (size_t i = 0; st == KVS_OK && i < n; i++)
             tmp[i] = low_bits(c[i], lb);
-        }
         if (st == KVS_OK) /* all the keys in one batched walk */
             kvs_dcf_eval_many(b, keys, lb, tmp, n, borrow);
         for (size_t i = 0; st == KVS_OK && i < n; i++) {
@@ -68,7 +61,6 @@ kvs_status kvs_mpc_nonneg_bits(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, siz
     }
     free(w);
     free(keys);
-    free(msg);
     return st;
 }
 

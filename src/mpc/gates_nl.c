@@ -36,7 +36,7 @@ kvs_status kvs_mpc_lut(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, i
     if (n == 0)
         return KVS_OK;
     const uint64_t mask = ((uint64_t)1 << nbits) - 1;
-    const size_t wb = (size_t)(nbits + 7) / 8, kb = kvs_dpf_key_bytes(nbits);
+    const size_t kb = kvs_dpf_key_bytes(nbits);
     const size_t size = (size_t)1 << nbits;
     /* r: masks; alpha, beta: the dealer's DPF points; c: the opened values */
     uint64_t *w = malloc(sizeof *w * 4 * n);
@@ -59,29 +59,19 @@ kvs_status kvs_mpc_lut(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, i
         free(keys);
         return st;
     }
-    /* open c = (x + r) mod 2^nbits: each party sends its share mod 2^nbits in wb little-endian
-     * bytes per value */
-    uint8_t *msg = malloc(2 * wb * n);
     uint64_t *scratch = malloc(sizeof *scratch * size);
-    if (!msg || !scratch) {
-        free(msg);
-        free(scratch);
+    if (!scratch) {
         free(w);
         free(keys);
         return no_memory(err, "a table lookup", n);
     }
+    /* open c = (x + r) mod 2^nbits */
     for (size_t i = 0; i < n; i++)
-        c[i] = (x[i] + r[i]) & mask;
-    kvs_mpc_pack(m, c, n, nbits, msg); /* random filler above nbits: uniform bytes */
-    st = kvs_chan_send(m->peer, op, msg, wb * n, err);
-    if (st == KVS_OK)
-        st = kvs_chan_recv(m->peer, op, msg + wb * n, wb * n, err);
+        alpha[i] = x[i] + r[i];
+    st = kvs_mpc_open_bits(m, op, alpha, n, nbits, c, err);
     const int b = (int)m->role;
-    for (size_t i = 0; st == KVS_OK && i < n; i++) {
-        const uint64_t v = kvs_mpc_unpack(msg + wb * n, i, nbits);
-        out[i] = kvs_lut_eval(b, keys + kb * i, nbits, (c[i] + v) & mask, table, scratch);
-    }
-    free(msg);
+    for (size_t i = 0; st == KVS_OK && i < n; i++)
+        out[i] = kvs_lut_eval(b, keys + kb * i, nbits, c[i], table, scratch);
     free(scratch);
     free(w);
     free(keys);

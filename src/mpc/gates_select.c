@@ -12,30 +12,6 @@ static kvs_status no_memory(kvs_error *err, const char *what, size_t n)
     return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for %s (%zu values)", what, n);
 }
 
-static uint64_t low_mask(int bits)
-{
-    return bits >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << bits) - 1;
-}
-
-/* c = (x0 + x1) mod 2^bits for shares x (parties only): each sends its share in ceil(bits/8)
- * bytes (kvs_mpc_pack), one round. */
-static kvs_status open_bits(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, size_t n, int bits,
-                            uint64_t *c, kvs_error *err)
-{
-    const size_t nb = (size_t)(bits + 7) / 8;
-    uint8_t *msg = malloc(2 * nb * n + 1);
-    if (!msg)
-        return no_memory(err, "an opening", n);
-    kvs_mpc_pack(m, x, n, bits, msg);
-    kvs_status st = kvs_chan_send(m->peer, op, msg, nb * n, err);
-    if (st == KVS_OK)
-        st = kvs_chan_recv(m->peer, op, msg + nb * n, nb * n, err);
-    for (size_t i = 0; st == KVS_OK && i < n; i++)
-        c[i] = (kvs_mpc_unpack(msg + nb * n, i, bits) + x[i]) & low_mask(bits);
-    free(msg);
-    return st;
-}
-
 kvs_status kvs_mpc_onehot(kvs_mpc *m, kvs_mpc_op op, const uint64_t *idx, size_t n, int bits,
                           uint64_t *out, kvs_error *err)
 {
@@ -65,7 +41,7 @@ kvs_status kvs_mpc_onehot(kvs_mpc *m, kvs_mpc_op op, const uint64_t *idx, size_t
         uint64_t *t = c + n;
         for (size_t i = 0; i < n; i++)
             t[i] = idx[i] - d[i * per];
-        st = open_bits(m, op, t, n, bits, c, err);
+        st = kvs_mpc_open_bits(m, op, t, n, bits, c, err);
         /* e_idx[j] = e_r[j - c]: idx = c + r */
         for (size_t i = 0; st == KVS_OK && i < n; i++)
             for (size_t j = 0; j < w; j++)
