@@ -7,6 +7,7 @@
 
 #include "mpc/fxp.h"
 #include "mpc/gates_nl.h"
+#include "mpc/mpcache.h"
 
 void kvs_mpc_shape_of(const struct kvs_model *model, kvs_mpc_shape *s)
 {
@@ -123,6 +124,7 @@ kvs_status kvs_mpc_llama_setup(kvs_mpc *m, const struct kvs_model *model,
 
 void kvs_mpc_llama_free(kvs_mpc_llama *L)
 {
+    kvs_mpc_sel_free(L);
     for (int l = 0; L->layers && l < L->s.n_layers; l++) {
         kvs_mpc_layer *o = &L->layers[l];
         kvs_mpc_weight_free(&o->qkv);
@@ -244,12 +246,9 @@ static void rope_row(const kvs_mpc *m, const kvs_mpc_shape *s, uint64_t *v, int 
             v[(size_t)h * hd + i] *= k;
 }
 
-/* Softmax of rows of len scores (at frac), in place, where row r may only see its first
- * valid[r] entries (the causal mask of a block; the rest come out 0): a masked entry is first a
- * copy of the row's entry 0, which leaves the max unchanged, and after the exponential a zero.
- * tmp: rows x len words; row: 3 rows words. */
-static kvs_status softmax(kvs_mpc *m, uint64_t *sc, size_t rows, size_t len,
-                          const size_t *valid, uint64_t *tmp, uint64_t *row, kvs_error *err)
+kvs_status kvs_mpc_softmax(kvs_mpc *m, uint64_t *sc, size_t rows, size_t len,
+                          const size_t *valid, int masked, const uint64_t *mask, uint64_t *tmp,
+                          uint64_t *row, kvs_error *err)
 {
     const int dealer = kvs_mpc_is_dealer(m);
     uint64_t *mx = row, *sum = row + rows, *rc = row + 2 * rows;
@@ -267,12 +266,15 @@ static kvs_status softmax(kvs_mpc *m, uint64_t *sc, size_t rows, size_t len,
                              dealer ? NULL : sc, err);
     for (size_t r = 0; !dealer && r < rows; r++) {
         sum[r] = 0;
-        for (size_t t = 0; t < len; t++) {
-            if (t >= valid[r])
-                sc[r * len + t] = 0;
-            sum[r] += sc[r * len + t];
-        }
+        for (size_t t = valid[r]; t < len; t++)
+            sc[r * len + t] = 0;
     }
+    if (st == KVS_OK && masked)
+        st = kvs_mpc_mul(m, KVS_OP_SOFTMAX, dealer ? NULL : sc, dealer ? NULL : mask, rows * len,
+                         dealer ? NULL : sc, err);
+    for (size_t r = 0; !dealer && r < rows; r++)
+        for (size_t t = 0; t < len; t++)
+            sum[r] += sc[r * len + t];
     if (st == KVS_OK)
         st = kvs_mpc_recip(m, KVS_OP_SOFTMAX, dealer ? NULL : sum, rows, dealer ? NULL : rc,
                            err);
@@ -318,10 +320,13 @@ static kvs_status buf_alloc(step_buf *b, const kvs_mpc_shape *s, size_t n, size_
     return KVS_OK;
 }
 
-/* One layer's attention over the block: x (n x dim) += softmax(q K^T) V Wo. */
-static kvs_status attention(kvs_mpc *m, kvs_mpc_llama *L, kvs_mpc_layer *Ly, size_t n,
-                            step_buf *b, const size_t *valid, kvs_error *err)
+/* One layer's attention over the block: x (n x dim) += softmax(q K^T) V Wo (over the slots the
+ * KV selection chooses, when it is active: one token). */
+static kvs_status attention(kvs_mpc *m, kvs_mpc_llama *L, int l, size_t n, step_buf *b,
+                            const size_t *valid, kvs_error *err)
 {
+    kvs_mpc_layer *Ly = &L->layers[l];
+    const int sparse = kvs_mpc_sel_active(L);
     const kvs_mpc_shape *s = &L->s;
     const int dealer = kvs_mpc_is_dealer(m), G = s->n_heads / s->n_kv_heads;
     const size_t dim = (size_t)s->dim, kvd = (size_t)s->n_kv_heads * s->head_dim;
@@ -345,23 +350,30 @@ static kvs_status attention(kvs_mpc *m, kvs_mpc_llama *L, kvs_mpc_layer *Ly, siz
     /* k (after each row's q) into the cache: gather the block's k rows, then its v rows */
     for (size_t r = 0; !dealer && r < n; r++)
         memcpy(b->o + r * kvd, b->qk + r * (dim + kvd) + dim, sizeof *b->o * kvd);
+    if (st == KVS_OK && sparse)
+        st = kvs_mpc_sel_seal(m, L, l, err);
     if (st == KVS_OK)
         st = kvs_mpc_cache_append(m, KVS_OP_MATMUL, &Ly->k, dealer ? NULL : b->o, n, err);
     if (st == KVS_OK)
         st = kvs_mpc_cache_append(m, KVS_OP_MATMUL, &Ly->v, dealer ? NULL : b->v, n, err);
     for (size_t r = 0; !dealer && r < n; r++)
         memmove(b->qk + r * dim, b->qk + r * (dim + kvd), sizeof *b->qk * dim);
-    if (st == KVS_OK)
+    const size_t rows = n * (size_t)s->n_heads;
+    if (st == KVS_OK && sparse) {
+        st = kvs_mpc_sel_attend(m, L, l, dealer ? NULL : b->qk, dealer ? NULL : b->att, err);
+    } else if (st == KVS_OK) {
         st = kvs_mpc_cache_qk(m, KVS_OP_MATMUL, &Ly->k, dealer ? NULL : b->qk, n, G,
                               dealer ? NULL : b->sc, err);
-    const size_t rows = n * (size_t)s->n_heads;
-    if (st == KVS_OK)
-        st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : b->sc, rows * T, m->frac, err);
-    if (st == KVS_OK)
-        st = softmax(m, b->sc, rows, T, valid, b->e, b->row, err);
-    if (st == KVS_OK)
-        st = kvs_mpc_cache_pv(m, KVS_OP_MATMUL, &Ly->v, dealer ? NULL : b->sc, n, G,
-                              dealer ? NULL : b->att, err);
+        if (st == KVS_OK)
+            st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : b->sc, rows * T, m->frac, err);
+        if (st == KVS_OK)
+            st = kvs_mpc_softmax(m, b->sc, rows, T, valid, 0, NULL, b->e, b->row, err);
+        if (st == KVS_OK && L->sel)
+            kvs_mpc_sel_observe(m, L, l, b->sc, n, L->pos, T);
+        if (st == KVS_OK)
+            st = kvs_mpc_cache_pv(m, KVS_OP_MATMUL, &Ly->v, dealer ? NULL : b->sc, n, G,
+                                  dealer ? NULL : b->att, err);
+    }
     if (st == KVS_OK)
         st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : b->att, n * dim, m->frac, err);
     if (st == KVS_OK)
@@ -423,6 +435,13 @@ kvs_status kvs_mpc_llama_forward(kvs_mpc *m, kvs_mpc_llama *L, const int32_t *to
         if (tokens[r] < 0 || tokens[r] >= s->vocab)
             return kvs_fail(err, KVS_ERR_ARG, "token id %d is outside the vocabulary [0, %d)",
                             tokens[r], s->vocab);
+    const kvs_mpc_sel *sel = L->sel;
+    if (sel && !sel->compressed && pos + n > sel->prompt_len)
+        return kvs_fail(err, KVS_ERR_ARG, "a block of %d tokens at position %d crosses the "
+                        "prompt's end (%d), where the static step runs", n, pos, sel->prompt_len);
+    if (kvs_mpc_sel_active(L) && n != 1)
+        return kvs_fail(err, KVS_ERR_ARG, "with KV selection, decoding takes one token a call "
+                        "(%d given)", n);
     step_buf b = {0};
     if (buf_alloc(&b, s, N, (size_t)pos + N) != KVS_OK)
         return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for %d tokens at position %d", n,
@@ -445,7 +464,7 @@ kvs_status kvs_mpc_llama_forward(kvs_mpc *m, kvs_mpc_llama *L, const int32_t *to
     if (st == KVS_OK)
         st = kvs_mpc_matmul_w(m, &L->emb, dealer ? NULL : onehot, N, dealer ? NULL : b.x, err);
     for (int l = 0; l < s->n_layers && st == KVS_OK; l++) {
-        st = attention(m, L, &L->layers[l], N, &b, valid, err);
+        st = attention(m, L, l, N, &b, valid, err);
         if (st == KVS_OK)
             st = feed_forward(m, s, &L->layers[l], N, &b, err);
     }
@@ -457,6 +476,8 @@ kvs_status kvs_mpc_llama_forward(kvs_mpc *m, kvs_mpc_llama *L, const int32_t *to
         st = linear(m, &L->out, b.xn, 1, logits, err);
     if (st == KVS_OK)
         L->pos += n;
+    if (st == KVS_OK && sel && !sel->compressed && L->pos == sel->prompt_len)
+        st = kvs_mpc_sel_compress(m, L, err);
     free(b.x);
     free(b.rot);
     return st;

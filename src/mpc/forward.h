@@ -30,6 +30,7 @@ typedef struct kvs_mpc_llama {
     kvs_mpc_weight out; /* dim x vocab, output norm folded in */
     kvs_mpc_layer *layers;
     int pos;            /* tokens processed */
+    struct kvs_mpc_sel *sel; /* KV-cache selection (mpcache.h), NULL: the full cache */
 } kvs_mpc_llama;
 
 /* The shape of a loaded model. */
@@ -57,6 +58,17 @@ kvs_status kvs_mpc_llama_step(kvs_mpc *m, kvs_mpc_llama *L, int32_t token, uint6
 /* The prefill's block size at position pos with remaining prompt tokens left: the largest power
  * of two up to 64 (and up to remaining) whose score matrix, n x heads x (pos + n), stays within
  * 2^17 values. A function of public numbers only, so every role computes the same blocks. */
+/* Softmax of rows of len scores (at frac), in place, where row r may only see its first
+ * valid[r] entries (a block's causal mask; the rest come out 0): a masked entry is first a copy
+ * of the row's entry 0, which leaves the max unchanged, and after the exponential a zero. With
+ * masked, mask (rows x len shares of 0 or 1; the dealer passes NULL) is a secret mask,
+ * multiplied in after the exponential (one more product);
+ * the caller makes sure a masked entry cannot raise the max (MPCache's dummy slots hold copies
+ * of real keys). tmp: rows x len words; row: 3 rows words. */
+kvs_status kvs_mpc_softmax(kvs_mpc *m, uint64_t *sc, size_t rows, size_t len,
+                          const size_t *valid, int masked, const uint64_t *mask,
+                          uint64_t *tmp, uint64_t *row, kvs_error *err);
+
 int kvs_mpc_llama_block(const kvs_mpc_shape *s, int pos, int remaining);
 
 #endif

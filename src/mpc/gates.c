@@ -152,35 +152,50 @@ static void matmul_add(const uint64_t *x, const uint64_t *M, size_t rows, size_t
         }
 }
 
-kvs_status kvs_mpc_matmul(kvs_mpc *m, kvs_mpc_op op, const uint64_t *X, const uint64_t *Y,
-                          size_t r, size_t k, size_t n, uint64_t *Z, kvs_error *err)
+kvs_status kvs_mpc_matmul_batch(kvs_mpc *m, kvs_mpc_op op, const uint64_t *X,
+                                const uint64_t *Y, size_t batch, size_t r, size_t k, size_t n,
+                                uint64_t *Z, kvs_error *err)
 {
-    const size_t ak = r * k, bk = k * n;
-    uint64_t *w = malloc(sizeof *w * (ak + bk + 2 * (ak + bk) + 1));
+    const size_t ak = r * k, bk = k * n, per = ak + bk;
+    uint64_t *w = calloc(3 * batch * per + 1, sizeof *w);
     if (!w)
-        return no_memory(err, "a matrix product", ak + bk);
-    uint64_t *A = w, *B = A + ak, *de = B + bk, *open = de + ak + bk;
-    kvs_status st = kvs_corr_matrix_triple(m, op, r, k, n, A, B, kvs_mpc_is_dealer(m) ? NULL : Z,
-                                           err);
-    if (st != KVS_OK || kvs_mpc_is_dealer(m)) {
+        return no_memory(err, "a matrix product", batch * per);
+    uint64_t *AB = w, *de = AB + batch * per, *open = de + batch * per;
+    const int dealer = kvs_mpc_is_dealer(m);
+    kvs_status st = KVS_OK;
+    for (size_t b = 0; b < batch && st == KVS_OK; b++)
+        st = kvs_corr_matrix_triple(m, op, r, k, n, AB + b * per, AB + b * per + ak,
+                                    dealer ? NULL : Z + b * r * n, err);
+    if (st != KVS_OK || dealer) {
         free(w);
         return st;
     }
-    for (size_t i = 0; i < ak; i++)
-        de[i] = X[i] - A[i];
-    for (size_t i = 0; i < bk; i++)
-        de[ak + i] = Y[i] - B[i];
-    st = kvs_mpc_open(m, op, de, ak + bk, open, err);
-    if (st == KVS_OK) {
+    for (size_t b = 0; b < batch; b++) {
+        const uint64_t *A = AB + b * per, *B = A + ak;
+        uint64_t *d = de + b * per;
+        for (size_t i = 0; i < ak; i++)
+            d[i] = X[b * ak + i] - A[i];
+        for (size_t i = 0; i < bk; i++)
+            d[ak + i] = Y[b * bk + i] - B[i];
+    }
+    st = kvs_mpc_open(m, op, de, batch * per, open, err);
+    for (size_t b = 0; st == KVS_OK && b < batch; b++) {
         /* X Y = (D + A)(E + B) = D E + D B + A E + A B: Z holds C, party 0 adds D E */
-        const uint64_t *D = open, *E = open + ak;
-        matmul_add(D, B, r, k, n, Z);
-        matmul_add(A, E, r, k, n, Z);
+        const uint64_t *A = AB + b * per, *B = A + ak, *D = open + b * per, *E = D + ak;
+        uint64_t *z = Z + b * r * n;
+        matmul_add(D, B, r, k, n, z);
+        matmul_add(A, E, r, k, n, z);
         if (m->role == KVS_MPC_P0)
-            matmul_add(D, E, r, k, n, Z);
+            matmul_add(D, E, r, k, n, z);
     }
     free(w);
     return st;
+}
+
+kvs_status kvs_mpc_matmul(kvs_mpc *m, kvs_mpc_op op, const uint64_t *X, const uint64_t *Y,
+                          size_t r, size_t k, size_t n, uint64_t *Z, kvs_error *err)
+{
+    return kvs_mpc_matmul_batch(m, op, X, Y, 1, r, k, n, Z, err);
 }
 
 kvs_status kvs_mpc_trunc(kvs_mpc *m, kvs_mpc_op op, uint64_t *x, size_t n, int f,

@@ -46,6 +46,11 @@ kvs_status kvs_mpc_mul(kvs_mpc *m, kvs_mpc_op op, const uint64_t *x, const uint6
  * not alias X or Y. */
 kvs_status kvs_mpc_matmul(kvs_mpc *m, kvs_mpc_op op, const uint64_t *X, const uint64_t *Y,
                           size_t r, size_t k, size_t n, uint64_t *Z, kvs_error *err);
+/* batch independent products Z[b] = X[b] Y[b] (X: batch x r x k, Y: batch x k x n, Z:
+ * batch x r x n): one matrix triple each, all openings in one message, one round. */
+kvs_status kvs_mpc_matmul_batch(kvs_mpc *m, kvs_mpc_op op, const uint64_t *X,
+                                const uint64_t *Y, size_t batch, size_t r, size_t k, size_t n,
+                                uint64_t *Z, kvs_error *err);
 
 /* x = floor(x / 2^f) of each signed value, exactly, for |x| < 2^62: the parties open
  * c = x + 2^62 + r for a dealer mask r (one round, 8 bytes each way per value); one DCF over f

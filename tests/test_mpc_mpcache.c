@@ -1,0 +1,269 @@
+/* KV selection in the two-party forward pass (src/mpc/mpcache.c) on stories260K, through the
+ * three roles on threads:
+ *   - full budget (keep 1, budget 1): MPCache's path (static step, padded clusters, sealing of
+ *     decode clusters, gathered scores, scattered probabilities) gives the full cache's logits
+ *     bit for bit, and so does the token-level baseline at budget 1;
+ *   - at a real budget the clusters each selecting layer chooses (opened by the test-only hook)
+ *     are the plaintext MPCache policy's, layer by layer and step by step, and the sharing layers
+ *     attend their partners' choice;
+ *   - the transcript's length (messages and bytes per op on the party link and from the dealer)
+ *     does not depend on the tokens: two different prompts of the same length. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "engine/session_internal.h"
+#include "fixture.h"
+#include "model/llama.h"
+#include "mpc/fxp.h"
+#include "mpc/local.h"
+#include "mpc/mpcache.h"
+#include "policies/mpcache.h"
+
+enum { PROMPT = 37, DECODE = 20, TOTAL = PROMPT + DECODE, FRAC = 16, VMAX = 512,
+       MAXL = 8, MAXH = 8, MAXF = 64 };
+
+typedef struct choice {
+    int n;           /* -1: not recorded */
+    int fine[MAXF];
+} choice;
+
+typedef struct sel_ctx {
+    const struct kvs_model *model;
+    kvs_mpc_shape shape;
+    const int32_t *tokens;
+    int use_sel;
+    kvs_mpc_kv_cfg cfg;
+    uint64_t raw[TOTAL][VMAX];    /* party 0's opened logits after each token from PROMPT - 1 */
+    choice got[DECODE][MAXL][MAXH];
+    int step;                     /* party 0's current decode step */
+} sel_ctx;
+
+static void on_choice(void *ctx, int layer, int head, const int *fine, int n)
+{
+    sel_ctx *c = ctx;
+    if (c->step < 0 || c->step >= DECODE || layer >= MAXL || head >= MAXH || n > MAXF)
+        return;
+    choice *ch = &c->got[c->step][layer][head];
+    ch->n = n;
+    memcpy(ch->fine, fine, sizeof *fine * (size_t)n);
+}
+
+static kvs_status program(kvs_mpc *m, void *ctx, kvs_error *err)
+{
+    sel_ctx *c = ctx;
+    kvs_mpc_llama L;
+    kvs_status st = kvs_mpc_llama_setup(m, m->role == KVS_MPC_P1 ? c->model : NULL, &c->shape,
+                                        &L, err);
+    if (st != KVS_OK)
+        return st;
+    if (c->use_sel)
+        st = kvs_mpc_sel_attach(&L, &c->cfg, PROMPT, err);
+    if (st == KVS_OK && L.sel) { /* both parties open the choices; party 0 records them */
+        L.sel->open_choices = 1;
+        if (m->role == KVS_MPC_P0) {
+            L.sel->on_choice = on_choice;
+            L.sel->choice_ctx = c;
+        }
+    }
+    uint64_t sh[VMAX], open[VMAX];
+    for (int t = 0; t < TOTAL && st == KVS_OK;) {
+        const int n = t < PROMPT ? kvs_mpc_llama_block(&c->shape, t, PROMPT - t) : 1;
+        if (m->role == KVS_MPC_P0)
+            c->step = t - PROMPT;
+        st = kvs_mpc_llama_forward(m, &L, c->tokens + t, n, kvs_mpc_is_dealer(m) ? NULL : sh,
+                                   err);
+        t += n;
+        if (st == KVS_OK && t >= PROMPT)
+            st = kvs_mpc_open(m, KVS_OP_OPEN, sh, (size_t)c->shape.vocab, open, err);
+        if (st == KVS_OK && m->role == KVS_MPC_P0 && t >= PROMPT)
+            memcpy(c->raw[t - 1], open, sizeof *open * (size_t)c->shape.vocab);
+    }
+    kvs_mpc_llama_free(&L);
+    return st;
+}
+
+static const kvs_mpc_local_cfg local_cfg = {
+    .frac = FRAC, .insecure_plain = 1, .corr_seed = {{7}, {8}}, .own_seed = {{9}, {10}, {11}},
+    .timeout_ms = 120000};
+
+/* Runs c through the three roles; res is freed unless keep. */
+static int run(sel_ctx *c, kvs_mpc_local_result res[3])
+{
+    kvs_error err = {0};
+    for (int e = 0; e < DECODE; e++)
+        for (int l = 0; l < MAXL; l++)
+            for (int h = 0; h < MAXH; h++)
+                c->got[e][l][h].n = -1;
+    c->step = -1;
+    const kvs_status st = kvs_mpc_run_local(program, c, &local_cfg, res, &err);
+    CHECKF(st == KVS_OK, "%s", err.msg);
+    return st == KVS_OK;
+}
+
+static void free_res(kvs_mpc_local_result res[3])
+{
+    for (int i = 0; i < 3; i++)
+        kvs_mpc_local_result_free(&res[i]);
+}
+
+/* The logits after every token from the prompt's last on: equal bit for bit? */
+static int same_logits(const sel_ctx *a, const sel_ctx *b)
+{
+    int same = 0;
+    for (int t = PROMPT - 1; t < TOTAL; t++)
+        same += !memcmp(a->raw[t], b->raw[t], sizeof *a->raw[t] * (size_t)a->shape.vocab);
+    return same;
+}
+
+static kvs_mpc_kv_cfg small_cfg(kvs_mpc_kv_mode mode, double keep, double budget)
+{
+    kvs_mpc_kv_cfg k = kvs_mpc_kv_default(mode);
+    k.mp.s1 = 8;
+    k.mp.s2 = 4;
+    k.mp.keep = keep;
+    k.budget = budget;
+    return k;
+}
+
+/* The plaintext policy's choices for the same tokens (F32 KV): prompt, then one token a step. */
+static void plaintext_choices(const struct kvs_model *model, const int32_t *tokens,
+                              const char *spec, choice want[DECODE][MAXL][MAXH], int *selector)
+{
+    kvs_session_params sp = kvs_session_default_params();
+    sp.n_threads = 1;
+    sp.kv_policy = spec;
+    kvs_session *s = NULL;
+    kvs_error err = {0};
+    CHECKF(kvs_session_new(model, &sp, &s, &err) == KVS_OK, "%s", err.msg);
+    if (!s)
+        return;
+    CHECKF(kvs_session_eval(s, tokens, PROMPT, NULL, 0, &err) == KVS_OK, "%s", err.msg);
+    const kvs_policy *p = kvs_kv_policy(kvs_session_kv(s));
+    for (int e = 0; e < DECODE; e++) {
+        CHECKF(kvs_session_eval(s, tokens + PROMPT + e, 1, NULL, 0, &err) == KVS_OK, "%s",
+               err.msg);
+        for (int l = 0; l < model->hp.n_layers; l++)
+            for (int h = 0; h < model->hp.n_kv_heads; h++) {
+                const kvs_mp_last *last = kvs_mp_last_of(p, l, h);
+                choice *w = &want[e][l][h];
+                w->n = -1;
+                if (!last)
+                    continue;
+                selector[l] = last->selector;
+                if (last->n_fine < 0) { /* every slot: the real fine clusters, in order */
+                    w->n = 0;
+                    for (int f = 0; f < last->shape.C2x && w->n < MAXF; f++) {
+                        const int b = f * 4, vp = (last->n_kept + 7) / 8 * 8;
+                        if (b < last->n_kept || b >= vp)
+                            w->fine[w->n++] = f;
+                    }
+                } else {
+                    w->n = last->n_fine;
+                    memcpy(w->fine, last->fine, sizeof *w->fine * (size_t)last->n_fine);
+                }
+            }
+    }
+    kvs_session_free(s);
+}
+
+int main(void)
+{
+    static int32_t tokens[FX_N_TOK];
+    kvs_model *model = NULL;
+    kvs_model_info info;
+    char msg[512];
+    CHECKF(fx_load(tokens, FX_N_TOK, &model, &info, msg, sizeof msg) == 0, "%s", msg);
+    if (!model)
+        return check_summary("mpc_mpcache");
+    static sel_ctx full, mp, tok, sel, other;
+    kvs_mpc_local_result res[3];
+    full.model = model;
+    full.tokens = tokens;
+    kvs_mpc_shape_of(model, &full.shape);
+    const int nl = full.shape.n_layers, nh = full.shape.n_kv_heads;
+    CHECKF(nl <= MAXL && nh <= MAXH, "shape %d layers, %d KV heads", nl, nh);
+    if (run(&full, res))
+        free_res(res);
+
+    /* full budget: MPCache's path equals the full cache bit for bit */
+    mp = full;
+    mp.use_sel = 1;
+    mp.cfg = small_cfg(KVS_MPC_KV_CLUSTER, 1.0, 1.0);
+    if (run(&mp, res))
+        free_res(res);
+    int same = same_logits(&mp, &full);
+    printf("mpcache keep 1, budget 1 (s1 8, s2 4, %d-token prompt padded to 40, %d decode "
+           "steps with sealing): %d of %d logit vectors bit-equal to the full cache\n", PROMPT,
+           DECODE, same, DECODE + 1);
+    CHECKF(same == DECODE + 1, "%d of %d logit vectors equal", same, DECODE + 1);
+
+    tok = full;
+    tok.use_sel = 1;
+    tok.cfg = small_cfg(KVS_MPC_KV_TOKEN, 1.0, 1.0);
+    if (run(&tok, res))
+        free_res(res);
+    same = same_logits(&tok, &full);
+    printf("token-level top-k at budget 1: %d of %d logit vectors bit-equal to the full cache\n",
+           same, DECODE + 1);
+    CHECKF(same == DECODE + 1, "token level: %d of %d equal", same, DECODE + 1);
+
+    /* a real budget: the choices are the plaintext policy's */
+    sel = full;
+    sel.use_sel = 1;
+    sel.cfg = small_cfg(KVS_MPC_KV_CLUSTER, 0.5, 0.25);
+    kvs_mpc_local_result ra[3], rb[3];
+    const int ok_a = run(&sel, ra);
+    static choice want[DECODE][MAXL][MAXH];
+    int selector[MAXL] = {0};
+    plaintext_choices(model, tokens, "mpcache:keep=0.5,budget=0.25,s1=8,s2=4", want, selector);
+    int compared = 0, equal = 0, recorded = 0;
+    for (int e = 0; e < DECODE; e++)
+        for (int l = 0; l < nl; l++)
+            for (int h = 0; h < nh; h++) {
+                const choice *g = &sel.got[e][l][h], *w = &want[e][l][h];
+                recorded += g->n >= 0;
+                if (!selector[l])
+                    continue;
+                compared++;
+                equal += g->n == w->n && g->n >= 0 &&
+                         !memcmp(g->fine, w->fine, sizeof *g->fine * (size_t)g->n);
+            }
+    printf("mpcache keep 0.5, budget 0.25: %d of %d choices (decode step x selecting layer x KV "
+           "head) equal to the plaintext policy's; %d recorded\n", equal, compared, recorded);
+    CHECKF(compared > 0 && equal == compared, "%d of %d choices equal", equal, compared);
+    CHECKF(recorded == compared, "choices opened %d, selecting layers x steps %d", recorded,
+           compared);
+
+    /* the transcript's length does not depend on the tokens */
+    other = sel;
+    static int32_t shuffled[FX_N_TOK];
+    for (int t = 0; t < TOTAL; t++)
+        shuffled[t] = tokens[(t * 7 + 3) % TOTAL];
+    other.tokens = shuffled;
+    other.model = model;
+    const int ok_b = run(&other, rb);
+    if (ok_a && ok_b) {
+        int diff = 0;
+        for (int op = 0; op < KVS_OP_N; op++)
+            for (int b = 0; b < 2; b++) {
+                diff += ra[b].peer.sent_payload[op] != rb[b].peer.sent_payload[op];
+                diff += ra[b].peer.msgs_sent[op] != rb[b].peer.msgs_sent[op];
+                diff += ra[b].peer.rounds[op] != rb[b].peer.rounds[op];
+                diff += ra[b].dealer.recv_payload[op] != rb[b].dealer.recv_payload[op];
+            }
+        CHECKF(memcmp(sel.got, other.got, sizeof sel.got) != 0,
+               "the two prompts made the same choices: the check would show nothing");
+        printf("two prompts of %d tokens, different choices: %d per-op counters differ (bytes, "
+               "messages, rounds on the party link; dealer bytes)\n", TOTAL, diff);
+        CHECKF(diff == 0, "%d transcript counters depend on the tokens", diff);
+    }
+    if (ok_a)
+        free_res(ra);
+    if (ok_b)
+        free_res(rb);
+    kvs_model_free(model);
+    return check_summary("mpc_mpcache");
+}
