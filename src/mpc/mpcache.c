@@ -95,6 +95,7 @@ kvs_status kvs_mpc_sel_attach(kvs_mpc_llama *L, const kvs_mpc_kv_cfg *cfg, int P
     s->n_keep = st ? kvs_mp_ceil_count(s->keep, P) : P;
     s->n_pad = cl ? kvs_mp_n_clusters(s->n_keep, c->s1) * c->s1 : s->n_keep;
     s->compressed = !st;
+    s->mark_pos = -1;
     L->sel = s;
     for (int l = 0; l < nl; l++) {
         kvs_mpc_sel_layer *y = &s->layers[l];
@@ -127,6 +128,49 @@ void kvs_mpc_sel_free(kvs_mpc_llama *L)
     free(s->layers);
     free(s);
     L->sel = NULL;
+}
+
+void kvs_mpc_sel_mark(kvs_mpc_llama *L)
+{
+    kvs_mpc_sel *s = L->sel;
+    s->mark_pos = L->pos;
+    for (int l = 0; l < L->s.n_layers; l++) {
+        kvs_mpc_sel_layer *y = &s->layers[l];
+        const size_t m[6] = {L->layers[l].k.len, L->layers[l].v.len, y->rep1.len, y->rep2.len,
+                             y->n_box, (size_t)y->sealed};
+        memcpy(y->mark, m, sizeof m);
+    }
+}
+
+kvs_status kvs_mpc_sel_rewind(kvs_mpc_llama *L, kvs_error *err)
+{
+    kvs_mpc_sel *s = L->sel;
+    if (!s || s->mark_pos < 0 || s->mark_pos > L->pos)
+        return kvs_fail(err, KVS_ERR_ARG, "no mark to rewind to");
+    L->pos = s->mark_pos;
+    for (int l = 0; l < L->s.n_layers; l++) {
+        kvs_mpc_sel_layer *y = &s->layers[l];
+        L->layers[l].k.len = y->mark[0];
+        L->layers[l].v.len = y->mark[1];
+        y->rep1.len = y->mark[2];
+        y->rep2.len = y->mark[3];
+        y->n_box = y->mark[4];
+        y->sealed = (int)y->mark[5];
+    }
+    return KVS_OK;
+}
+
+kvs_status kvs_mpc_sel_set_budget(kvs_mpc_llama *L, double budget, kvs_error *err)
+{
+    kvs_mpc_sel *s = L->sel;
+    const double keep = s->cfg.static_step ? (s->cfg.mp.keep > budget ? s->cfg.mp.keep : budget)
+                                           : 1.0;
+    if (!(budget > 0 && budget <= 1) || keep != s->keep)
+        return kvs_fail(err, KVS_ERR_ARG, "budget=%g: the static step kept %g of the prompt and "
+                        "this budget needs %g", budget, s->keep, keep);
+    s->cfg.budget = budget;
+    s->eta = kvs_mp_eta(budget, keep);
+    return KVS_OK;
 }
 
 int kvs_mpc_sel_active(const kvs_mpc_llama *L)
@@ -277,6 +321,29 @@ static kvs_status kept_rows(kvs_mpc *m, const kvs_mpc_sel *s, const kvs_mpc_cach
     return st;
 }
 
+/* Test-only: opens a static keep mask (heads x P) and reports the kept positions. */
+static kvs_status report_keep(kvs_mpc *m, kvs_mpc_sel *s, int l, const uint64_t *mask,
+                              size_t heads, size_t P, kvs_error *err)
+{
+    if (kvs_mpc_is_dealer(m))
+        return KVS_OK;
+    uint64_t *o = malloc(sizeof *o * (heads * P + 1));
+    int *pos = malloc(sizeof *pos * (P + 1));
+    kvs_status st = o && pos ? kvs_mpc_open(m, KVS_OP_OPEN, mask, heads * P, o, err)
+                             : no_memory(err, "a keep set", heads * P);
+    for (size_t h = 0; st == KVS_OK && h < heads; h++) {
+        int k = 0;
+        for (size_t t = 0; t < P; t++)
+            if (o[h * P + t])
+                pos[k++] = (int)t;
+        if (s->on_keep)
+            s->on_keep(s->choice_ctx, l, (int)h, pos, k);
+    }
+    free(o);
+    free(pos);
+    return st;
+}
+
 kvs_status kvs_mpc_sel_compress(kvs_mpc *m, kvs_mpc_llama *L, kvs_error *err)
 {
     kvs_mpc_sel *s = L->sel;
@@ -305,6 +372,8 @@ kvs_status kvs_mpc_sel_compress(kvs_mpc *m, kvs_mpc_llama *L, kvs_error *err)
             }
             st = kvs_mpc_topk_threshold(m, KVS_OP_TOPK, dealer ? NULL : y->win, heads, P, N,
                                         SUM_BITS(f), dealer ? NULL : mask, err);
+            if (st == KVS_OK && s->open_choices)
+                st = report_keep(m, s, l, mask, heads, P, err);
             if (st == KVS_OK)
                 st = kvs_mpc_gather_matrix(m, KVS_OP_GATHER, dealer ? NULL : mask, heads, P, N,
                                            dealer ? NULL : y->gs, err);

@@ -52,6 +52,7 @@ typedef struct kvs_mpc_sel_layer {
     size_t n_box, cap_box;    /* UB: fine boxes held */
     uint64_t *F;              /* the last step's one-hot over fine clusters, heads x n2 x C2x */
     int sealed;               /* decode slots sealed into clusters (public) */
+    size_t mark[6];           /* kvs_mpc_sel_mark: k, v, rep1, rep2 rows, boxes, sealed */
 } kvs_mpc_sel_layer;
 
 /* A test's view of one choice (test-only: the one-hot F is opened, which a deployment never
@@ -66,8 +67,10 @@ typedef struct kvs_mpc_sel {
     int n_keep, n_pad;    /* N kept slots a head, and N padded to a multiple of s1 (CLUSTER) */
     int compressed;       /* the static step has run (or is not configured) */
     kvs_mpc_sel_layer *layers;
+    int mark_pos;         /* kvs_mpc_sel_mark: L->pos, or -1 */
     int open_choices;     /* both parties, tests and benchmarks only: every choice is opened */
     kvs_mpc_choice_fn on_choice; /* and handed to this (may be NULL) */
+    kvs_mpc_choice_fn on_keep;   /* the static step's kept positions (fine = positions) */
     void *choice_ctx;
 } kvs_mpc_sel;
 
@@ -78,6 +81,15 @@ typedef struct kvs_mpc_sel {
 kvs_status kvs_mpc_sel_attach(kvs_mpc_llama *L, const kvs_mpc_kv_cfg *cfg, int P,
                               kvs_error *err);
 void kvs_mpc_sel_free(kvs_mpc_llama *L);
+
+/* Benchmarks: remember the state after the static step (kvs_mpc_sel_mark), decode, then go back
+ * to it (kvs_mpc_sel_rewind: the decode tokens' rows and clusters are dropped; the kept masks of
+ * the cache serve again, as they serve every step) and decode again, e.g. at another budget
+ * (kvs_mpc_sel_set_budget: KVS_ERR_ARG when it would change the static step's keep). Every role
+ * calls them at the same point. */
+void kvs_mpc_sel_mark(kvs_mpc_llama *L);
+kvs_status kvs_mpc_sel_rewind(kvs_mpc_llama *L, kvs_error *err);
+kvs_status kvs_mpc_sel_set_budget(kvs_mpc_llama *L, double budget, kvs_error *err);
 
 /* The defaults of a mode (MPCache's spec defaults, share on, budget 0.05). */
 kvs_mpc_kv_cfg kvs_mpc_kv_default(kvs_mpc_kv_mode mode);

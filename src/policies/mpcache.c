@@ -47,9 +47,11 @@ static const kvs_param_def params[] = {
     {"skip", 2, 0, 1 << 16, 1, "with share=on: the first layers, which choose for themselves"},
     {"pad", 1, 0, 1, 1, "dummy slots make every count data-independent (the MPC engine's need)"},
     {"ends", 0, 0, 1, 1, "also attend the first and the last cluster (the authors' code)"},
+    {"quant", 0, 0, 30, 1, "static step: rank the window sums on a 2^-quant grid, ties to the "
+                           "lower position, as the two-party engine's fixed point does (0: off)"},
 };
 enum { P_KEEP, P_WINDOW, P_S1, P_S2, P_RHO1, P_ALPHA, P_SIM, P_LEVELS, P_SHARE, P_SKIP, P_PAD,
-       P_ENDS, N_PARAMS };
+       P_ENDS, P_QUANT, N_PARAMS };
 
 static const char *const sim_words[] = {"linear", "mean", "maxdot", "ub", NULL};
 static const char *const onoff_words[] = {"off", "on", NULL};
@@ -95,7 +97,7 @@ kvs_status kvs_mp_cfg_from_spec(const kvs_policy_spec *spec, int n_layers, kvs_m
                     .s2 = (int)v[P_S2], .rho1 = v[P_RHO1], .alpha = v[P_ALPHA],
                     .sim = (kvs_mp_sim)(int)v[P_SIM], .levels = (int)v[P_LEVELS],
                     .share = (int)v[P_SHARE], .skip = (int)v[P_SKIP], .pad = (int)v[P_PAD],
-                    .ends = (int)v[P_ENDS]};
+                    .ends = (int)v[P_ENDS], .quant = (int)v[P_QUANT]};
     const char *u = spec->user;
     if (!(c.keep > 0))
         return kvs_fail(err, KVS_ERR_ARG, "--kv %s: keep=%g must be in (0, 1] (the share of the "
@@ -300,8 +302,12 @@ static kvs_status keep_own(kvs_policy *p, int layer, int hh, int n, int n_keep, 
     if (st != KVS_OK)
         return st;
     const float *obs = s->obs[layer] ? s->obs[layer] + (size_t)hh * p->n_prompt : NULL;
-    for (int j = 0; j < n; j++)
-        s->sc[j] = obs && j < p->n_prompt ? obs[j] : 0.0;
+    /* obs holds the group's mean; quant ranks the group's sum on the fixed-point grid */
+    const double G = (double)(p->n_heads / p->n_kv_heads), q = ldexp(1.0, s->cfg.quant);
+    for (int j = 0; j < n; j++) {
+        const double v = obs && j < p->n_prompt ? obs[j] : 0.0;
+        s->sc[j] = s->cfg.quant > 0 ? floor(v * G * q) : v;
+    }
     kvs_mp_topk_with(s->sc, n, n_keep, s->pick, s->rank);
     kvs_store_keep(p->store, layer, hh, s->pick, n_keep);
     return KVS_OK;

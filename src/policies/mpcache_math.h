@@ -28,6 +28,10 @@ typedef struct kvs_mp_cfg {
     int skip;      /* with share: the first layers, which select for themselves */
     int pad;       /* data-independent counts: dummy slots pad the prompt to s1 (§2.3.4) */
     int ends;      /* also attend the first and the last clustered cluster (the authors' code) */
+    int quant;     /* > 0: the static step ranks the window sums floored to multiples of 2^-quant
+                    * (summed over the group's query heads), so ties fall to the lower position:
+                    * the two-party engine's fixed-point ranking (frac bits), whose probabilities
+                    * below 2^-frac are exact zeros; 0: full precision */
 } kvs_mp_cfg;
 
 /* The spec's defaults: keep 0.25, window 0.2, s1 32, s2 16, rho1 0.5, alpha 0.6, LINEAR,
