@@ -250,6 +250,10 @@ static const flag_def flags[] = {
      "with --tokens: prefill the first P tokens, feed the rest as\n"
      "teacher-forced decode steps (their argmax agreement is reported),\n"
      "then generate N"},
+    {FL_KV, NULL, "--kv", K_STRING, "SPEC", CMD_MPC | CMD_MPC_PARTY, 0, 0, 0, NULL,
+     "KV cache under the protocol: full (default) or mpcache:budget=F[,...]\n"
+     "(MPCache's static step and cluster selection on shares; the\n"
+     "configuration is public, the kept and chosen tokens secret); party 0"},
     {FL_N_PREDICT, "-n", "--n-predict", K_INT, "N", CMD_MPC | CMD_MPC_PARTY, 0, 1 << 24, 0, NULL,
      "tokens to generate greedily (required; party 0); stops early at\n"
      "EOS or BOS"},

@@ -20,12 +20,13 @@
 #include "cli.h"
 #include "cli_flags.h"
 #include "kvslim_tools.h"
+#include "mpc/mpcache.h"
 
 static const cli_command run_cmd = {
     "mpc", CMD_MPC,
     "usage: kvslim mpc run -m MODEL [--tokenizer TOK.bin] (-p TEXT | --tokens FILE\n"
-    "                      [--prompt-len P]) -n N [--frac F] [--insecure-plain]\n"
-    "                      [--timeout S] [--json OUT]\n"
+    "                      [--prompt-len P]) -n N [--kv full|mpcache:budget=F,...]\n"
+    "                      [--frac F] [--insecure-plain] [--timeout S] [--json OUT]\n"
     "\n"
     "Greedy generation under two-party computation with a dealer, the three roles as separate\n"
     "processes on 127.0.0.1 (fresh ports and fresh 32-byte keys per run): the dealer\n"
@@ -58,6 +59,7 @@ static const cli_command party_cmd = {
     "                        --dealer HOST:PORT (--peer-key FILE --dealer-key FILE |\n"
     "                        --insecure-plain) [--frac F] [--timeout S]\n"
     "       kvslim mpc party --role 0 -m MODEL (-p TEXT | --tokens FILE [--prompt-len P]) -n N\n"
+    "                        [--kv full|mpcache:budget=F,...]\n"
     "                        (--peer HOST:PORT | --listen PORT) --dealer HOST:PORT\n"
     "                        (--peer-key FILE --dealer-key FILE | --insecure-plain)\n"
     "                        [--model-hash HEX] [--frac F] [--timeout S] [--json OUT]\n"
@@ -228,7 +230,7 @@ static totals per(totals t, double n)
 }
 
 static void print_report(FILE *f, const kvs_mpc_session_result *r, int plain, int frac,
-                         const char *model_label, int n_prompt_steps)
+                         const char *model_label, int n_prompt_steps, const char *kv)
 {
     const kvs_mpc_phase_cost *ph = r->phase;
     const double nd = (double)ph[KVS_MPC_PHASE_DECODE].steps;
@@ -241,6 +243,7 @@ static void print_report(FILE *f, const kvs_mpc_session_result *r, int plain, in
     fprintf(f, "mpc: %s, Z_2^64 with %d fraction bits; %d prompt tokens (prefilled in blocks), "
                "%d generated token%s (%.0f decode step%s)\n", model_label, frac, n_prompt_steps,
             r->n_generated, r->n_generated == 1 ? "" : "s", nd, nd == 1 ? "" : "s");
+    fprintf(f, "kv: %s\n", kv && *kv ? kv : "full");
     if (r->forced)
         fprintf(f, "teacher-forced: %d steps, argmax = next token on %d (%.2f%%)\n", r->forced,
                 r->forced_top1, 100.0 * r->forced_top1 / r->forced);
@@ -333,7 +336,7 @@ static void json_phase(FILE *f, const char *name, totals t, int last)
 }
 
 static char *build_json(const kvs_mpc_session_result *r, const p0_out *o, int plain, int frac,
-                        const char *model_label, int prompt_len, size_t *len)
+                        const char *model_label, int prompt_len, const char *kv, size_t *len)
 {
     char *buf = NULL;
     FILE *f = open_memstream(&buf, len);
@@ -344,6 +347,8 @@ static char *build_json(const kvs_mpc_session_result *r, const p0_out *o, int pl
     totals d = per(phase_totals(&ph[KVS_MPC_PHASE_DECODE], !plain), nd);
     fputs("{\n  \"model\": ", f);
     cli_json_str(f, model_label);
+    fputs(",\n  \"kv\": ", f);
+    cli_json_str(f, kv && *kv ? kv : "full");
     fputs(",\n  \"text\": ", f);
     json_text(f, o->text ? o->text : "", o->len);
     fputs(",\n  \"tokens\": [", f);
@@ -461,11 +466,11 @@ static int run_role(role_job *j)
         rc = CLI_FAIL;
     } else if (j->cfg.role == KVS_MPC_P0) {
         print_report(stdout, &res, j->cfg.insecure_plain, j->cfg.frac, j->model_label,
-                     j->cfg.prompt_len);
+                     j->cfg.prompt_len, j->cfg.kv_spec);
         if (j->json_path) {
             size_t len = 0;
             char *buf = build_json(&res, &o, j->cfg.insecure_plain, j->cfg.frac,
-                                   j->model_label, j->cfg.prompt_len, &len);
+                                   j->model_label, j->cfg.prompt_len, j->cfg.kv_spec, &len);
             if (cli_write_built(j->label, &j->json, buf, len) != 0)
                 rc = CLI_FAIL;
         }
@@ -504,6 +509,14 @@ static int client_inputs(const cli_args *a, const kvs_model *model, int32_t **to
     if (*n < 1) {
         cli_error("mpc", "%s: no tokens", text ? "-p" : "--tokens");
         return CLI_USAGE;
+    }
+    if (a->str[FL_KV]) { /* checked here, before any connection */
+        kvs_mpc_kv_cfg kc;
+        kvs_error err = {0};
+        if (kvs_mpc_kv_parse(a->str[FL_KV], info.n_layers, &kc, &err) != KVS_OK) {
+            cli_error("mpc", "%s", err.msg);
+            return CLI_USAGE;
+        }
     }
     *prompt_len = a->given[FL_PROMPT_LEN] ? (int)a->i[FL_PROMPT_LEN] : *n;
     if (*prompt_len > *n) {
@@ -718,6 +731,7 @@ static int mpc_run(const cli_args *a)
             j.cfg.psk_peer = psk[0];
             j.cfg.psk_dealer = psk[1];
             j.cfg.tokens = tokens;
+            j.cfg.kv_spec = a->str[FL_KV];
             j.cfg.n_tokens = n_tokens;
             j.cfg.prompt_len = prompt_len;
             j.cfg.n_gen = n_gen;
@@ -885,8 +899,9 @@ static int mpc_party(const cli_args *a)
     if (role == 0 && (rc = check_client_flags(a)) != CLI_OK)
         return rc;
     if (role == 1 && (a->str[FL_PROMPT] || a->str[FL_TOKENS] || a->given[FL_N_PREDICT] ||
-                      a->str[FL_JSON])) {
-        cli_error("mpc", "party 1: -p, --tokens, -n and --json are party 0's");
+                      a->str[FL_JSON] || a->str[FL_KV])) {
+        cli_error("mpc", "party 1: -p, --tokens, -n, --kv and --json are party 0's (party 1 and "
+                         "the dealer learn the KV configuration at the handshake)");
         return CLI_USAGE;
     }
     if (!a->given[FL_LISTEN] == !a->str[FL_PEER]) {
@@ -945,6 +960,7 @@ static int mpc_party(const cli_args *a)
         kvs_model_info info;
         kvs_model_get_info(model, &info);
         j.cfg.tokens = tokens;
+        j.cfg.kv_spec = a->str[FL_KV];
         j.cfg.n_tokens = n;
         j.cfg.prompt_len = p;
         j.cfg.n_gen = (int)a->i[FL_N_PREDICT];

@@ -18,6 +18,8 @@
 
 #include "mpc/fxp.h"
 #include "mpc/gates_select.h"
+#include "policies/mpcache.h"
+#include "policies/registry.h"
 
 /* Sign-test widths (each a promise about the values compared):
  * keys and window sums at frac are below 2^19 in value; cluster scores (qs . rep at 2 frac, qs
@@ -39,6 +41,35 @@ kvs_mpc_kv_cfg kvs_mpc_kv_default(kvs_mpc_kv_mode mode)
                         .budget = 0.05, .mp = kvs_mp_cfg_default()};
     c.mp.pad = 1;
     return c;
+}
+
+kvs_status kvs_mpc_kv_parse(const char *text, int n_layers, kvs_mpc_kv_cfg *out,
+                            kvs_error *err)
+{
+    *out = kvs_mpc_kv_default(KVS_MPC_KV_FULL);
+    if (!text || !*text || !strcmp(text, "full"))
+        return KVS_OK;
+    kvs_policy_spec spec;
+    kvs_status st = kvs_policy_parse(text, &spec, err);
+    if (st != KVS_OK)
+        return st;
+    if (strcmp(spec.type->name, "mpcache") && strcmp(spec.type->name, "full"))
+        return kvs_fail(err, KVS_ERR_ARG, "--kv %s: the two-party engine runs full or mpcache "
+                        "(mpcache:budget=F,...)", text);
+    if (!strcmp(spec.type->name, "full"))
+        return KVS_OK;
+    if (!spec.budget_is_fraction || !(spec.budget > 0))
+        return kvs_fail(err, KVS_ERR_ARG, "--kv %s: under the protocol the budget is a share "
+                        "of the prompt (budget=F)", text);
+    *out = kvs_mpc_kv_default(KVS_MPC_KV_CLUSTER);
+    out->budget = spec.budget > 1 ? 1 : spec.budget;
+    st = kvs_mp_cfg_from_spec(&spec, n_layers, &out->mp, err);
+    if (st == KVS_OK && (out->mp.sim != KVS_MP_SIM_LINEAR || !out->mp.pad || out->mp.ends))
+        st = kvs_fail(err, KVS_ERR_ARG, "--kv %s: under the protocol MPCache scores clusters "
+                      "by the linear bound (sim=linear), pads (pad=on) and has no forced ends",
+                      text);
+    out->mp.pad = 1;
+    return st;
 }
 
 static int cluster_mode(const kvs_mpc_sel *s) { return s->cfg.mode == KVS_MPC_KV_CLUSTER; }

@@ -91,6 +91,13 @@ void kvs_mpc_sel_mark(kvs_mpc_llama *L);
 kvs_status kvs_mpc_sel_rewind(kvs_mpc_llama *L, kvs_error *err);
 kvs_status kvs_mpc_sel_set_budget(kvs_mpc_llama *L, double budget, kvs_error *err);
 
+/* The configuration a --kv text gives under the protocol: "full" (mode FULL, no static step)
+ * or "mpcache:budget=F[,...]" (the plaintext policy's parameters, budget a fraction; quant is
+ * the protocol's own ranking and is ignored), checked against an n_layers model.
+ * KVS_ERR_ARG naming the parameter. */
+kvs_status kvs_mpc_kv_parse(const char *text, int n_layers, kvs_mpc_kv_cfg *out,
+                            kvs_error *err);
+
 /* The defaults of a mode (MPCache's spec defaults, share on, budget 0.05). */
 kvs_mpc_kv_cfg kvs_mpc_kv_default(kvs_mpc_kv_mode mode);
 

@@ -14,6 +14,7 @@
 #include <openssl/evp.h>
 
 #include "mpc/forward.h"
+#include "mpc/mpcache.h"
 
 const kvs_mpc_netmodel kvs_mpc_lan = {"LAN", 377e6, 0.3e-3};
 const kvs_mpc_netmodel kvs_mpc_wan = {"WAN", 100e6 / 8, 40e-3};
@@ -439,8 +440,11 @@ static kvs_status loop_other(const kvs_mpc_session_cfg *cfg, kvs_mpc *m, kvs_mpc
 
 /* ---- the session ---- */
 
+enum { KV_MSG = 256 }; /* the KV configuration's message: a NUL-padded --kv text */
+
 static kvs_status setup_messages(const kvs_mpc_session_cfg *cfg, kvs_mpc *m,
-                                 kvs_mpc_shape *shape, uint32_t plan[3], kvs_error *err)
+                                 kvs_mpc_shape *shape, uint32_t plan[3], char kv[KV_MSG],
+                                 kvs_error *err)
 {
     kvs_status st = KVS_OK;
     uint8_t seed[16], msg[SHAPE_MSG], hash[32], pm[12];
@@ -487,14 +491,25 @@ static kvs_status setup_messages(const kvs_mpc_session_cfg *cfg, kvs_mpc *m,
     if (cfg->role == KVS_MPC_P0) {
         for (int b = 0; b < 3; b++)
             put_u32(pm + 4 * b, plan[b]);
+        memset(kv, 0, KV_MSG);
+        if (cfg->kv_spec) {
+            if (strlen(cfg->kv_spec) >= KV_MSG)
+                return kvs_fail(err, KVS_ERR_ARG, "--kv: at most %d characters", KV_MSG - 1);
+            memcpy(kv, cfg->kv_spec, strlen(cfg->kv_spec));
+        }
         if ((st = kvs_chan_send(m->peer, KVS_OP_HANDSHAKE, pm, sizeof pm, err)) != KVS_OK ||
+            (st = kvs_chan_send(m->peer, KVS_OP_HANDSHAKE, kv, KV_MSG, err)) != KVS_OK ||
             (st = kvs_chan_send(m->dealer, KVS_OP_HANDSHAKE, pm, sizeof pm, err)) != KVS_OK ||
+            (st = kvs_chan_send(m->dealer, KVS_OP_HANDSHAKE, kv, KV_MSG, err)) != KVS_OK ||
             (st = kvs_chan_flush(m->dealer, err)) != KVS_OK)
             return st;
     } else {
         kvs_chan *c = cfg->role == KVS_MPC_DEALER ? m->to[0] : m->peer;
-        if ((st = kvs_chan_recv(c, KVS_OP_HANDSHAKE, pm, sizeof pm, err)) != KVS_OK)
+        if ((st = kvs_chan_recv(c, KVS_OP_HANDSHAKE, pm, sizeof pm, err)) != KVS_OK ||
+            (st = kvs_chan_recv(c, KVS_OP_HANDSHAKE, kv, KV_MSG, err)) != KVS_OK)
             return st;
+        if (!memchr(kv, 0, KV_MSG))
+            return kvs_fail(err, KVS_ERR_FORMAT, "party 0 sent a bad KV configuration");
         for (int b = 0; b < 3; b++)
             plan[b] = get_u32(pm + 4 * b);
         if (plan[0] < 1 || plan[0] > (1u << 24) || plan[1] < 1 || plan[1] > plan[0] ||
@@ -527,6 +542,7 @@ kvs_status kvs_mpc_session_run(const kvs_mpc_session_cfg *cfg, kvs_mpc_session_r
     snap s0, s[KVS_MPC_PHASE_N];
     uint32_t plan[3] = {(uint32_t)cfg->n_tokens, (uint32_t)cfg->prompt_len,
                         (uint32_t)cfg->n_gen};
+    char kv[KV_MSG] = {0};
     memset(s, 0, sizeof s);
     memset(&s0, 0, sizeof s0);
     s0.t = t0;
@@ -540,11 +556,23 @@ kvs_status kvs_mpc_session_run(const kvs_mpc_session_cfg *cfg, kvs_mpc_session_r
     if (st == KVS_OK)
         st = connect_all(cfg, &m, err);
     if (st == KVS_OK)
-        st = setup_messages(cfg, &m, &shape, plan, err);
+        st = setup_messages(cfg, &m, &shape, plan, kv, err);
     if (st == KVS_OK) {
         st = kvs_mpc_llama_setup(&m, cfg->role == KVS_MPC_P1 ? cfg->model : NULL, &shape,
                                  &L, err);
         have_L = st == KVS_OK;
+    }
+    if (st == KVS_OK) { /* every role parses the same text: the same selection */
+        kvs_mpc_kv_cfg kc;
+        st = kvs_mpc_kv_parse(kv, shape.n_layers, &kc, err);
+        if (st == KVS_OK && (kc.mode != KVS_MPC_KV_FULL || kc.static_step))
+            st = kvs_mpc_sel_attach(&L, &kc, (int)plan[1], err);
+        if (st != KVS_OK && cfg->role != KVS_MPC_P0) {
+            char why[sizeof err->msg];
+            snprintf(why, sizeof why, "%s", err->msg);
+            st = kvs_fail(err, KVS_ERR_FORMAT, "party 0 sent a KV configuration this role "
+                          "refuses: %s", why);
+        }
     }
     res->vocab = shape.vocab;
     res->dim = shape.dim;

@@ -10,8 +10,11 @@
  *      the dealer (the party link's handshake already checked the hash party 0 expects; the
  *      dealer checks it when it was given one);
  *   3. party 0 sends the public step plan {tokens T, prompt length P, tokens to generate N} to
- *      party 1 and to the dealer;
- *   4. every role runs kvs_mpc_llama_setup (party 1 with its model);
+ *      party 1 and to the dealer, then its KV configuration (a --kv text of 256 bytes at most:
+ *      "full" or "mpcache:budget=F,...", public like the budgets of any deployment; which
+ *      tokens it keeps stays secret), which every role parses (mpcache.h);
+ *   4. every role runs kvs_mpc_llama_setup (party 1 with its model) and attaches the KV
+ *      selection;
  *   5. before each step party 0 sends party 1 and the dealer one control byte (1: a step
  *      follows, 0: the session ends; so the number of generated tokens, stopped early at EOS
  *      or BOS, is public, as in any deployment where the server sees the client's requests);
@@ -37,7 +40,7 @@ struct kvs_model;
 enum { KVS_MPC_PHASE_SETUP, KVS_MPC_PHASE_PREFILL, KVS_MPC_PHASE_DECODE, KVS_MPC_PHASE_N };
 
 /* The protocol version both ends of every link must speak (checked at the handshake). */
-#define KVS_MPC_PROTOCOL_VERSION 1
+#define KVS_MPC_PROTOCOL_VERSION 2
 
 typedef struct kvs_mpc_session_cfg {
     kvs_mpc_role role;
@@ -70,6 +73,7 @@ typedef struct kvs_mpc_session_cfg {
      * BOS; -1: none) and the vocabulary it expects (0: any). */
     const int32_t *tokens;
     int n_tokens, prompt_len, n_gen;
+    const char *kv_spec; /* party 0: the KV configuration (NULL: the full cache) */
     int32_t stop_token[2];
     int vocab;
     /* Party 0's callbacks (may be NULL): after the last prompt token's step; each generated
