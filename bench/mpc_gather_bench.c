@@ -73,32 +73,6 @@ static phase_cost counters(const kvs_mpc *m)
     return c;
 }
 
-/* All three roles wait for each other: each party sends the dealer an empty message, the dealer
- * answers both once it has heard from both (so it cannot run ahead into the next phase), then
- * the parties open one word to each other so that they start together. */
-static kvs_status barrier(kvs_mpc *m, kvs_error *err)
-{
-    uint8_t none = 0;
-    kvs_status st = KVS_OK;
-    if (kvs_mpc_is_dealer(m)) {
-        for (int b = 0; b < 2 && st == KVS_OK; b++)
-            st = kvs_chan_recv(m->to[b], KVS_OP_OPEN, &none, 0, err);
-        for (int b = 0; b < 2 && st == KVS_OK; b++) {
-            st = kvs_chan_send(m->to[b], KVS_OP_OPEN, &none, 0, err);
-            if (st == KVS_OK)
-                st = kvs_chan_flush(m->to[b], err);
-        }
-        return st;
-    }
-    st = kvs_chan_send(m->dealer, KVS_OP_OPEN, &none, 0, err);
-    if (st == KVS_OK)
-        st = kvs_chan_recv(m->dealer, KVS_OP_OPEN, &none, 0, err);
-    uint64_t one = m->role == KVS_MPC_P0 ? 1 : 0, got = 0;
-    if (st == KVS_OK)
-        st = kvs_mpc_open(m, KVS_OP_OPEN, &one, 1, &got, err);
-    return st;
-}
-
 static kvs_status program(kvs_mpc *m, void *vctx, kvs_error *err)
 {
     bench_ctx *c = vctx;
@@ -132,7 +106,7 @@ static kvs_status program(kvs_mpc *m, void *vctx, kvs_error *err)
     for (int r = 0; r < RUNS && st == KVS_OK; r++)
         for (int t = 0; t < METHODS && st == KVS_OK; t++)
             for (int ph = 0; ph < PHASES && st == KVS_OK; ph++) {
-                st = barrier(m, err);
+                st = kvs_mpc_barrier(m, err);
                 if (st != KVS_OK)
                     break;
                 const phase_cost a = dealer ? (phase_cost){0} : counters(m);

@@ -72,25 +72,6 @@ static double now(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* Every role waits for the others: the parties meet the dealer, then each other. */
-static kvs_status barrier(kvs_mpc *m, kvs_error *err)
-{
-    uint8_t none = 0;
-    kvs_status st = KVS_OK;
-    if (kvs_mpc_is_dealer(m)) {
-        for (int b = 0; b < 2 && st == KVS_OK; b++)
-            st = kvs_chan_recv(m->to[b], KVS_OP_OPEN, &none, 0, err);
-        for (int b = 0; b < 2 && st == KVS_OK; b++)
-            if ((st = kvs_chan_send(m->to[b], KVS_OP_OPEN, &none, 0, err)) == KVS_OK)
-                st = kvs_chan_flush(m->to[b], err);
-        return st;
-    }
-    st = kvs_chan_send(m->dealer, KVS_OP_OPEN, &none, 0, err);
-    if (st == KVS_OK)
-        st = kvs_chan_recv(m->dealer, KVS_OP_OPEN, &none, 0, err);
-    uint64_t one = m->role == KVS_MPC_P0, got = 0;
-    return st == KVS_OK ? kvs_mpc_open(m, KVS_OP_OPEN, &one, 1, &got, err) : st;
-}
 
 /* This role's counters now (a party: its party link and dealer bytes). */
 static cost counters(const kvs_mpc *m)
@@ -179,7 +160,7 @@ static kvs_status program(kvs_mpc *m, void *vctx, kvs_error *err)
         st = fill(m, &L, c->T, err);
     cost a = {{0}, {0}, {0}, 0, 0};
     if (st == KVS_OK && L.sel && !L.sel->compressed) {
-        if ((st = barrier(m, err)) == KVS_OK)
+        if ((st = kvs_mpc_barrier(m, err)) == KVS_OK)
             a = counters(m);
         if (st == KVS_OK && (st = kvs_mpc_sel_compress(m, &L, err)) == KVS_OK)
             c->stat[m->role] = minus(counters(m), a);
@@ -187,14 +168,14 @@ static kvs_status program(kvs_mpc *m, void *vctx, kvs_error *err)
     uint64_t *logits = malloc(sizeof *logits * (size_t)c->shape.vocab), rng = 99;
     if (st == KVS_OK && !logits)
         st = kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
-    if (st == KVS_OK && (st = barrier(m, err)) == KVS_OK)
+    if (st == KVS_OK && (st = kvs_mpc_barrier(m, err)) == KVS_OK)
         a = counters(m);
     for (int e = 0; e < c->steps && st == KVS_OK; e++) {
         rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
         const int32_t tok = (int32_t)((rng >> 33) % (uint64_t)c->shape.vocab);
         st = kvs_mpc_llama_step(m, &L, tok, kvs_mpc_is_dealer(m) ? NULL : logits, err);
     }
-    if (st == KVS_OK && (st = barrier(m, err)) == KVS_OK)
+    if (st == KVS_OK && (st = kvs_mpc_barrier(m, err)) == KVS_OK)
         c->decode[m->role] = minus(counters(m), a);
     free(logits);
     kvs_mpc_llama_free(&L);

@@ -9,6 +9,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "mpc/gates.h"
+
 typedef struct role_ctx {
     kvs_mpc_role role;
     int fd_peer, fd_dealer, fd_to[2];
@@ -169,4 +171,23 @@ kvs_status kvs_mpc_run_local(kvs_mpc_program prog, void *ctx, const kvs_mpc_loca
             return kvs_fail(err, res[i].st, "%s: %s",
                             i == 2 ? "dealer" : i == 0 ? "party 0" : "party 1", res[i].msg);
     return KVS_OK;
+}
+
+kvs_status kvs_mpc_barrier(kvs_mpc *m, kvs_error *err)
+{
+    uint8_t none = 0;
+    kvs_status st = KVS_OK;
+    if (kvs_mpc_is_dealer(m)) {
+        for (int b = 0; b < 2 && st == KVS_OK; b++)
+            st = kvs_chan_recv(m->to[b], KVS_OP_OPEN, &none, 0, err);
+        for (int b = 0; b < 2 && st == KVS_OK; b++)
+            if ((st = kvs_chan_send(m->to[b], KVS_OP_OPEN, &none, 0, err)) == KVS_OK)
+                st = kvs_chan_flush(m->to[b], err);
+        return st;
+    }
+    st = kvs_chan_send(m->dealer, KVS_OP_OPEN, &none, 0, err);
+    if (st == KVS_OK)
+        st = kvs_chan_recv(m->dealer, KVS_OP_OPEN, &none, 0, err);
+    uint64_t one = m->role == KVS_MPC_P0, got = 0;
+    return st == KVS_OK ? kvs_mpc_open(m, KVS_OP_OPEN, &one, 1, &got, err) : st;
 }

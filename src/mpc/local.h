@@ -35,6 +35,11 @@ typedef struct kvs_mpc_local_result {
 
 void kvs_mpc_local_result_free(kvs_mpc_local_result *r);
 
+/* Measurements only: every role waits for the others (the parties meet the dealer with empty
+ * messages, then each other with a one-word opening), so that a phase timed after it starts
+ * together; its messages count under KVS_OP_OPEN. */
+kvs_status kvs_mpc_barrier(kvs_mpc *m, kvs_error *err);
+
 /* Runs prog on the three roles; res[0], res[1]: the parties, res[2]: the dealer. Returns
  * KVS_OK when every role did, else the first failure (its message in err). */
 kvs_status kvs_mpc_run_local(kvs_mpc_program prog, void *ctx, const kvs_mpc_local_cfg *cfg,

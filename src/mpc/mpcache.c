@@ -241,6 +241,36 @@ static void cache_shares(const kvs_mpc *m, const kvs_mpc_cache *c, size_t t0, si
         out[i] = c->B[t0 * w + i] + (m->role == KVS_MPC_P0 ? c->E[t0 * w + i] : 0);
 }
 
+/* Test-only (open_choices): opens M (heads x rows x cols of 0/1: a keep mask, rows 1, or a
+ * one-hot F) and hands fn, per head, the columns where some row holds a 1, ascending. */
+static kvs_status report_open(kvs_mpc *m, kvs_mpc_sel *s, kvs_mpc_choice_fn fn, int l,
+                              const uint64_t *M, size_t heads, size_t rows, size_t cols,
+                              kvs_error *err)
+{
+    if (!s->open_choices || kvs_mpc_is_dealer(m))
+        return KVS_OK;
+    const size_t n = heads * rows * cols;
+    uint64_t *o = malloc(sizeof *o * (n + 1));
+    int *idx = malloc(sizeof *idx * (cols + 1));
+    kvs_status st = o && idx ? kvs_mpc_open(m, KVS_OP_OPEN, M, n, o, err)
+                             : no_memory(err, "an opened choice", n);
+    for (size_t h = 0; st == KVS_OK && h < heads; h++) {
+        int k = 0;
+        for (size_t c = 0; c < cols; c++) {
+            uint64_t any = 0;
+            for (size_t r = 0; r < rows; r++)
+                any |= o[(h * rows + r) * cols + c];
+            if (any)
+                idx[k++] = (int)c;
+        }
+        if (fn)
+            fn(s->choice_ctx, l, (int)h, idx, k);
+    }
+    free(o);
+    free(idx);
+    return st;
+}
+
 /* ---- cluster boxes and representatives ---- */
 
 /* The boxes of n_rows rows (n x heads x d shares; n_rows a multiple of s1) whose first `real`
@@ -352,29 +382,6 @@ static kvs_status kept_rows(kvs_mpc *m, const kvs_mpc_sel *s, const kvs_mpc_cach
     return st;
 }
 
-/* Test-only: opens a static keep mask (heads x P) and reports the kept positions. */
-static kvs_status report_keep(kvs_mpc *m, kvs_mpc_sel *s, int l, const uint64_t *mask,
-                              size_t heads, size_t P, kvs_error *err)
-{
-    if (kvs_mpc_is_dealer(m))
-        return KVS_OK;
-    uint64_t *o = malloc(sizeof *o * (heads * P + 1));
-    int *pos = malloc(sizeof *pos * (P + 1));
-    kvs_status st = o && pos ? kvs_mpc_open(m, KVS_OP_OPEN, mask, heads * P, o, err)
-                             : no_memory(err, "a keep set", heads * P);
-    for (size_t h = 0; st == KVS_OK && h < heads; h++) {
-        int k = 0;
-        for (size_t t = 0; t < P; t++)
-            if (o[h * P + t])
-                pos[k++] = (int)t;
-        if (s->on_keep)
-            s->on_keep(s->choice_ctx, l, (int)h, pos, k);
-    }
-    free(o);
-    free(pos);
-    return st;
-}
-
 kvs_status kvs_mpc_sel_compress(kvs_mpc *m, kvs_mpc_llama *L, kvs_error *err)
 {
     kvs_mpc_sel *s = L->sel;
@@ -404,7 +411,7 @@ kvs_status kvs_mpc_sel_compress(kvs_mpc *m, kvs_mpc_llama *L, kvs_error *err)
             st = kvs_mpc_topk_threshold(m, KVS_OP_TOPK, dealer ? NULL : y->win, heads, P, N,
                                         SUM_BITS(f), dealer ? NULL : mask, err);
             if (st == KVS_OK && s->open_choices)
-                st = report_keep(m, s, l, mask, heads, P, err);
+                st = report_open(m, s, s->on_keep, l, mask, heads, 1, P, err);
             if (st == KVS_OK)
                 st = kvs_mpc_gather_matrix(m, KVS_OP_GATHER, dealer ? NULL : mask, heads, P, N,
                                            dealer ? NULL : y->gs, err);
@@ -583,33 +590,6 @@ static kvs_status choose(kvs_mpc *m, kvs_mpc_llama *L, kvs_mpc_sel_layer *y, con
     return st;
 }
 
-/* Test-only: opens F and reports the chosen fine clusters of each head. */
-static kvs_status report_choice(kvs_mpc *m, kvs_mpc_sel *s, int l, const uint64_t *F,
-                                size_t heads, size_t n2, size_t C2x, kvs_error *err)
-{
-    if (!s->open_choices || kvs_mpc_is_dealer(m))
-        return KVS_OK;
-    uint64_t *o = malloc(sizeof *o * (heads * n2 * C2x + 1));
-    int *fine = malloc(sizeof *fine * (n2 + 1));
-    kvs_status st = o && fine ? kvs_mpc_open(m, KVS_OP_OPEN, F, heads * n2 * C2x, o, err)
-                              : no_memory(err, "a choice", heads * n2 * C2x);
-    for (size_t h = 0; st == KVS_OK && h < heads; h++) {
-        int k = 0;
-        for (size_t c = 0; c < C2x; c++) {
-            uint64_t any = 0;
-            for (size_t p = 0; p < n2; p++)
-                any |= o[(h * n2 + p) * C2x + c];
-            if (any && k < (int)n2)
-                fine[k++] = (int)c;
-        }
-        if (s->on_choice)
-            s->on_choice(s->choice_ctx, l, (int)h, fine, k);
-    }
-    free(o);
-    free(fine);
-    return st;
-}
-
 /* Softmax over rows (h, g) of the gathered scores then the always-attended ones, and the
  * probabilities back: shared by the token-level and the cluster paths. Gs: heads x k x C one-hot
  * of clusters of s slots (C s = the gathered slots, [0, C s) of the cache); S: heads x G x len
@@ -748,7 +728,7 @@ kvs_status kvs_mpc_sel_attend(kvs_mpc *m, kvs_mpc_llama *L, int l, const uint64_
             st = choose(m, L, y, q, &sh, y->F, err);
         }
         if (st == KVS_OK && is_selector(s, l))
-            st = report_choice(m, s, l, y->F, heads, k, C, err);
+            st = report_open(m, s, s->on_choice, l, y->F, heads, k, C, err);
         /* valid[h][p][j] = sum_c F[h][p][c] [slot c s2 + j is real]: local */
         for (size_t h = 0; !dealer && h < heads; h++)
             for (size_t p = 0; p < k; p++)
