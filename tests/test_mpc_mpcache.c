@@ -169,6 +169,48 @@ static void plaintext_choices(const struct kvs_model *model, const int32_t *toke
     kvs_session_free(s);
 }
 
+/* kvs_mpc_sel_attach refuses what the protocol cannot run, naming the parameter. */
+static void attach_errors(const kvs_mpc_shape *shape)
+{
+    static const struct {
+        const char *what, *pattern;
+        double budget, keep;
+        int s1, s2, sim, levels, share, skip, P;
+    } bad[] = {
+        {"budget 0", "budget=0", 0, 0.25, 8, 4, KVS_MP_SIM_LINEAR, 2, 0, 2, 20},
+        {"keep 0", "keep=0", 0.1, 0, 8, 4, KVS_MP_SIM_LINEAR, 2, 0, 2, 20},
+        {"s2 not dividing s1", "s2=3 must divide s1=8", 0.1, 0.25, 8, 3, KVS_MP_SIM_LINEAR, 2, 0,
+         2, 20},
+        {"mean score", "linear", 0.1, 0.25, 8, 4, KVS_MP_SIM_MEAN, 2, 0, 2, 20},
+        {"ub with two levels", "ub with levels=1", 0.1, 0.25, 8, 4, KVS_MP_SIM_UB, 2, 0, 2, 20},
+        {"no sharing layer", "skip=9", 0.1, 0.25, 8, 4, KVS_MP_SIM_LINEAR, 2, 1, 9, 20},
+        {"empty prompt", "0 tokens", 0.1, 0.25, 8, 4, KVS_MP_SIM_LINEAR, 2, 0, 2, 0},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        kvs_mpc_llama L = {.s = *shape};
+        kvs_mpc_kv_cfg k = small_cfg(KVS_MPC_KV_CLUSTER, bad[i].keep, bad[i].budget);
+        k.mp.s1 = bad[i].s1;
+        k.mp.s2 = bad[i].s2;
+        k.mp.sim = (kvs_mp_sim)bad[i].sim;
+        k.mp.levels = bad[i].levels;
+        k.mp.share = bad[i].share;
+        k.mp.skip = bad[i].skip;
+        kvs_error err = {0};
+        const kvs_status st = kvs_mpc_sel_attach(&L, &k, bad[i].P, &err);
+        CHECKF(st == KVS_ERR_ARG && strstr(err.msg, bad[i].pattern) && !L.sel,
+               "%s: status %d, '%s'", bad[i].what, (int)st, err.msg);
+        kvs_mpc_sel_free(&L);
+    }
+    kvs_mpc_llama L = {.s = *shape};
+    kvs_mpc_kv_cfg k = small_cfg(KVS_MPC_KV_CLUSTER, 0.5, 0.25);
+    kvs_error err = {0};
+    CHECKF(kvs_mpc_sel_attach(&L, &k, PROMPT, &err) == KVS_OK && L.sel &&
+               L.sel->n_keep == 11 && L.sel->n_pad == 16 && L.sel->window == 5,
+           "a valid configuration: %s", err.msg);
+    kvs_mpc_sel_free(&L);
+    CHECK(!L.sel);
+}
+
 int main(void)
 {
     static int32_t tokens[FX_N_TOK];
@@ -185,6 +227,7 @@ int main(void)
     kvs_mpc_shape_of(model, &full.shape);
     const int nl = full.shape.n_layers, nh = full.shape.n_kv_heads;
     CHECKF(nl <= MAXL && nh <= MAXH, "shape %d layers, %d KV heads", nl, nh);
+    attach_errors(&full.shape);
     if (run(&full, res))
         free_res(res);
 
