@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/random.h"
 #include "mpc/fxp.h"
 #include "mpc/gates.h"
 #include "mpc/gates_cache.h"
@@ -136,14 +137,6 @@ static kvs_status program(kvs_mpc *m, void *vctx, kvs_error *err)
     return st;
 }
 
-static uint64_t splitmix(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15u);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-    return z ^ (z >> 31);
-}
-
 static int cmp_double(const void *a, const void *b)
 {
     const double x = *(const double *)a, y = *(const double *)b;
@@ -238,14 +231,14 @@ int main(int argc, char **argv)
     const int frac = 16;
     uint64_t g = 20240601;
     for (size_t i = 0; i < nrows; i++)
-        rows[i] = kvs_fx_encode(2.0 * ldexp((double)(splitmix(&g) >> 11), -53) - 1.0, frac);
+        rows[i] = kvs_fx_encode(2.0 * ldexp((double)(kvs_splitmix64_next(&g) >> 11), -53) - 1.0, frac);
     for (size_t h = 0; h < H; h++) {
         for (size_t i = 0; i < C; i++) {
             perm[i] = i;
             sel_cl[h * C + i] = 0;
         }
         for (size_t i = 0; i < k2; i++) {
-            const size_t j = i + (size_t)(splitmix(&g) % (C - i)), x = perm[i];
+            const size_t j = i + (size_t)(kvs_splitmix64_next(&g) % (C - i)), x = perm[i];
             perm[i] = perm[j];
             perm[j] = x;
             sel_cl[h * C + perm[i]] = 1;
