@@ -135,13 +135,13 @@ expect_exit "standalone, dealer killed" p1 1 "the dealer closed the connection"
 expect_exit "standalone, dealer killed" p0 1 "closed the connection"
 after_case "standalone, dealer killed" "$ctag" dealer p1 p0
 
-# ---- 3. protocol version mismatch: party 1 claims version 2 ----
+# ---- 3. protocol version mismatch: party 1 claims version 3 (the real one is 2) ----
 ctag="$tag-version"; keys "$ctag"; newport; t0=$SECONDS
-roles "$ctag" "" KVS_MPC_TEST_VERSION=2 "" $((port + 1)) -m "$M" -- -m "$M"
+roles "$ctag" "" KVS_MPC_TEST_VERSION=3 "" $((port + 1)) -m "$M" -- -m "$M"
 # Party 1 meets the dealer first: both name the versions. Party 0 never sees party 1's hello: it
 # sees party 1 leave during the handshake, or finds the dealer gone (a race), so no fixed wording.
-expect_exit "version mismatch" p1 1 "link to the dealer: peer speaks protocol version 1, we speak 2"
-expect_exit "version mismatch" dealer 1 "link to party 1: peer speaks protocol version 2, we speak 1"
+expect_exit "version mismatch" p1 1 "link to the dealer: peer speaks protocol version 2, we speak 3"
+expect_exit "version mismatch" dealer 1 "link to party 1: peer speaks protocol version 3, we speak 2"
 expect_exit "version mismatch" p0 1 "kvslim mpc (party 0): "
 after_case "version mismatch" "$ctag" dealer p1 p0
 
