@@ -593,7 +593,9 @@ static kvs_status choose(kvs_mpc *m, kvs_mpc_llama *L, kvs_mpc_sel_layer *y, con
 /* Softmax over rows (h, g) of the gathered scores then the always-attended ones, and the
  * probabilities back: shared by the token-level and the cluster paths. Gs: heads x k x C one-hot
  * of clusters of s slots (C s = the gathered slots, [0, C s) of the cache); S: heads x G x len
- * scores at frac; valid: heads x k s (shares of 0/1) or NULL; Pfull: heads x G x len. */
+ * scores, at frac (token level) or, with masked (the cluster path), at 2 frac, truncated after
+ * the gather, and valid (heads x k s shares of 0/1) masks the dummy slots; Pfull: heads x G x
+ * len. */
 static kvs_status sparse_softmax(kvs_mpc *m, const uint64_t *Gs, const uint64_t *S,
                                  int masked, const uint64_t *valid, size_t heads, size_t G,
                                  size_t len, size_t k, size_t C, size_t s, uint64_t *Pfull,
@@ -635,6 +637,10 @@ static kvs_status sparse_softmax(kvs_mpc *m, const uint64_t *Gs, const uint64_t 
                 mo[ks + t] = m->role == KVS_MPC_P0;
             }
         }
+    /* the cluster path's scores come at 2 frac: F picks one score exactly, so truncating
+     * after the gather equals truncating before it, on n2 s2 + tail scores instead of all */
+    if (st == KVS_OK && masked)
+        st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : lg, rows * W, m->frac, err);
     if (st == KVS_OK)
         st = kvs_mpc_softmax(m, dealer ? NULL : lg, rows, W, vlen, masked,
                              dealer ? NULL : mk, dealer ? NULL : tmp,
@@ -679,7 +685,9 @@ kvs_status kvs_mpc_sel_attend(kvs_mpc *m, kvs_mpc_llama *L, int l, const uint64_
     uint64_t *Pfull = S + heads * G * len, *aux = Pfull + heads * G * len;
     kvs_status st = kvs_mpc_cache_qk(m, KVS_OP_MATMUL, &Ly->k, dealer ? NULL : q, 1, (int)G,
                                      dealer ? NULL : S, err);
-    if (st == KVS_OK)
+    /* the token-level path ranks these scores: truncated here (the cluster path truncates the
+     * gathered ones only, sparse_softmax) */
+    if (st == KVS_OK && s->cfg.mode == KVS_MPC_KV_TOKEN)
         st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : S, heads * G * len, f, err);
     uint64_t *Gs = NULL, *valid = NULL;
     size_t k = 0, C = 0, cs = 1;
