@@ -18,6 +18,7 @@
  *   eval/recall.h        eval --task recall: answer files, one prompt's run
  *   eval/opcount.h       eval --task opcount: the MPC op-count model
  *   mpc/session.h        mpc: one role of a two-party session over TCP, its cost model
+ *   mpc/mpcache.h        mpc: the --kv configurations the protocol runs (kvs_mpc_kv_parse)
  *   mpc/net.h, mpc/ops.h mpc: listening sockets, keys, op names
  *   mpc/fxp.h            mpc: fixed-point decoding */
 #ifndef KVSLIM_TOOLS_H
@@ -42,6 +43,7 @@
 #include "mpc/fxp.h"
 #include "mpc/net.h"
 #include "mpc/ops.h"
+#include "mpc/mpcache.h"
 #include "mpc/session.h"
 
 #endif

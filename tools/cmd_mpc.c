@@ -20,7 +20,6 @@
 #include "cli.h"
 #include "cli_flags.h"
 #include "kvslim_tools.h"
-#include "mpc/mpcache.h"
 
 static const cli_command run_cmd = {
     "mpc", CMD_MPC,
