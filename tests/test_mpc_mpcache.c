@@ -288,8 +288,8 @@ int main(void)
     printf("mpcache keep 0.5, budget 0.25: %d of %d choices (decode step x selecting layer x KV "
            "head) equal to the plaintext policy's; %d recorded\n", equal, compared, recorded);
     /* The protocol scores clusters in fixed point (16 fraction bits) and the plaintext policy in
-     * double: a near tie between two clusters may fall either way (one of 160 here, the
-     * mismatches are listed above). */
+     * double: close scores may order differently (one of 160 here; the mismatches are listed
+     * above). */
     CHECKF(compared > 0 && equal * 100 >= compared * 97, "%d of %d choices equal", equal,
            compared);
     CHECKF(recorded == compared, "choices opened %d, selecting layers x steps %d", recorded,
