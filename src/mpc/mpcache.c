@@ -271,6 +271,26 @@ static kvs_status report_open(kvs_mpc *m, kvs_mpc_sel *s, kvs_mpc_choice_fn fn, 
     return st;
 }
 
+/* The k best of each of rows rows of len values (ties to the lower index) as their ordered
+ * gather matrix G (rows x k x len): a top-k mask (sel, rows x len, left for the caller) by ranks
+ * for the short rows of clusters, by a threshold for the long rows of tokens, then
+ * kvs_mpc_gather_matrix. */
+static kvs_status best_k(kvs_mpc *m, int by_threshold, const uint64_t *v, size_t rows,
+                         size_t len, size_t k, int bits, uint64_t *sel, uint64_t *G,
+                         kvs_error *err)
+{
+    const int dealer = kvs_mpc_is_dealer(m);
+    kvs_status st = by_threshold
+                        ? kvs_mpc_topk_threshold(m, KVS_OP_TOPK, dealer ? NULL : v, rows, len,
+                                                 k, bits, dealer ? NULL : sel, err)
+                        : kvs_mpc_topk_mask(m, KVS_OP_TOPK, dealer ? NULL : v, rows, len, k,
+                                            bits, dealer ? NULL : sel, err);
+    if (st == KVS_OK)
+        st = kvs_mpc_gather_matrix(m, KVS_OP_GATHER, dealer ? NULL : sel, rows, len, k,
+                                   dealer ? NULL : G, err);
+    return st;
+}
+
 /* ---- cluster boxes and representatives ---- */
 
 /* The boxes of n_rows rows (n x heads x d shares; n_rows a multiple of s1) whose first `real`
@@ -408,13 +428,9 @@ kvs_status kvs_mpc_sel_compress(kvs_mpc *m, kvs_mpc_llama *L, kvs_error *err)
                 st = no_memory(err, "the static gather", heads * N * P);
                 break;
             }
-            st = kvs_mpc_topk_threshold(m, KVS_OP_TOPK, dealer ? NULL : y->win, heads, P, N,
-                                        SUM_BITS(f), dealer ? NULL : mask, err);
+            st = best_k(m, 1, y->win, heads, P, N, SUM_BITS(f), mask, y->gs, err);
             if (st == KVS_OK && s->open_choices)
                 st = report_open(m, s, s->on_keep, l, mask, heads, 1, P, err);
-            if (st == KVS_OK)
-                st = kvs_mpc_gather_matrix(m, KVS_OP_GATHER, dealer ? NULL : mask, heads, P, N,
-                                           dealer ? NULL : y->gs, err);
             gs = y->gs;
         } else if (N < P) {
             gs = s->layers[kvs_mp_partner(&s->cfg.mp, l)].gs;
@@ -550,11 +566,7 @@ static kvs_status choose(kvs_mpc *m, kvs_mpc_llama *L, kvs_mpc_sel_layer *y, con
             st = kvs_mpc_cache_qk(m, KVS_OP_TOPK, &y->rep1, dealer ? NULL : qs, 1, 1,
                                   dealer ? NULL : sc1, err);
         if (st == KVS_OK)
-            st = kvs_mpc_topk_mask(m, KVS_OP_TOPK, dealer ? NULL : sc1, heads, C1, n1,
-                                   SCORE_BITS(f), dealer ? NULL : sel1, err);
-        if (st == KVS_OK)
-            st = kvs_mpc_gather_matrix(m, KVS_OP_GATHER, dealer ? NULL : sel1, heads, C1, n1,
-                                       dealer ? NULL : G1, err);
+            st = best_k(m, 0, sc1, heads, C1, n1, SCORE_BITS(f), sel1, G1, err);
         for (size_t i = 0; !dealer && i < heads * C1 * r; i++)
             A2[i] = all2[i]; /* [h][c][j] = fine cluster c r + j */
         if (st == KVS_OK)
@@ -563,19 +575,14 @@ static kvs_status choose(kvs_mpc *m, kvs_mpc_llama *L, kvs_mpc_sel_layer *y, con
     } else {
         memcpy(sc2, all2, sizeof *sc2 * heads * C2x);
     }
+    /* one level: the fine choice's gather matrix is F itself */
+    const int one = s->cfg.mp.levels < 2;
     if (st == KVS_OK)
-        st = kvs_mpc_topk_mask(m, KVS_OP_TOPK, dealer ? NULL : sc2, heads, nc, n2, SCORE_BITS(f),
-                               dealer ? NULL : sel2, err);
-    if (s->cfg.mp.levels < 2) {
-        if (st == KVS_OK)
-            st = kvs_mpc_gather_matrix(m, KVS_OP_GATHER, dealer ? NULL : sel2, heads, nc, n2,
-                                       dealer ? NULL : F, err);
+        st = best_k(m, 0, sc2, heads, nc, n2, SCORE_BITS(f), sel2, one ? F : G2, err);
+    if (one) {
         free(qs);
         return st;
     }
-    if (st == KVS_OK)
-        st = kvs_mpc_gather_matrix(m, KVS_OP_GATHER, dealer ? NULL : sel2, heads, nc, n2,
-                                   dealer ? NULL : G2, err);
     /* F = G2 E1 with E1[(q, j)][c] = G1[q][c / r] [c mod r == j]: the fine cluster of each chosen
      * candidate */
     for (size_t h = 0; !dealer && h < heads; h++)
@@ -707,11 +714,7 @@ kvs_status kvs_mpc_sel_attend(kvs_mpc *m, kvs_mpc_llama *L, int l, const uint64_
         if (!mask || !Gs)
             st = no_memory(err, "a token gather", heads * k * C);
         if (st == KVS_OK)
-            st = kvs_mpc_topk_threshold(m, KVS_OP_TOPK, dealer ? NULL : aux, heads, C, k,
-                                        SUM_BITS(f), dealer ? NULL : mask, err);
-        if (st == KVS_OK)
-            st = kvs_mpc_gather_matrix(m, KVS_OP_GATHER, dealer ? NULL : mask, heads, C, k,
-                                       dealer ? NULL : Gs, err);
+            st = best_k(m, 1, aux, heads, C, k, SUM_BITS(f), mask, Gs, err);
         free(mask);
     } else if (st == KVS_OK) {
         kvs_mp_shape sh;
