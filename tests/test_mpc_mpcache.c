@@ -22,7 +22,7 @@
 #include "mpc/mpcache.h"
 #include "policies/mpcache.h"
 
-enum { PROMPT = 21, DECODE = 10, TOTAL = PROMPT + DECODE, FRAC = 16, VMAX = 512,
+enum { PROMPT = 13, DECODE = 9, TOTAL = PROMPT + DECODE, S1 = 4, S2 = 2, FRAC = 16, VMAX = 512,
        MAXL = 8, MAXH = 8, MAXF = 64 };
 
 typedef struct choice {
@@ -121,8 +121,8 @@ static int same_logits(const sel_ctx *a, const sel_ctx *b)
 static kvs_mpc_kv_cfg small_cfg(kvs_mpc_kv_mode mode, double keep, double budget)
 {
     kvs_mpc_kv_cfg k = kvs_mpc_kv_default(mode);
-    k.mp.s1 = 8;
-    k.mp.s2 = 4;
+    k.mp.s1 = S1;
+    k.mp.s2 = S2;
     k.mp.keep = keep;
     k.budget = budget;
     return k;
@@ -156,7 +156,7 @@ static void plaintext_choices(const struct kvs_model *model, const int32_t *toke
                 if (last->n_fine < 0) { /* every slot: the real fine clusters, in order */
                     w->n = 0;
                     for (int f = 0; f < last->shape.C2x && w->n < MAXF; f++) {
-                        const int b = f * 4, vp = (last->n_kept + 7) / 8 * 8;
+                        const int b = f * S2, vp = (last->n_kept + S1 - 1) / S1 * S1;
                         if (b < last->n_kept || b >= vp)
                             w->fine[w->n++] = f;
                     }
@@ -202,10 +202,10 @@ static void attach_errors(const kvs_mpc_shape *shape)
         kvs_mpc_sel_free(&L);
     }
     kvs_mpc_llama L = {.s = *shape};
-    kvs_mpc_kv_cfg k = small_cfg(KVS_MPC_KV_CLUSTER, 0.5, 0.25);
+    kvs_mpc_kv_cfg k = small_cfg(KVS_MPC_KV_CLUSTER, 0.5, 0.2);
     kvs_error err = {0};
     CHECKF(kvs_mpc_sel_attach(&L, &k, PROMPT, &err) == KVS_OK && L.sel &&
-               L.sel->n_keep == 11 && L.sel->n_pad == 16 && L.sel->window == 5,
+               L.sel->n_keep == 7 && L.sel->n_pad == 8 && L.sel->window == 3,
            "a valid configuration: %s", err.msg);
     kvs_mpc_sel_free(&L);
     CHECK(!L.sel);
@@ -238,7 +238,7 @@ int main(void)
     if (run(&mp, res))
         free_res(res);
     int same = same_logits(&mp, &full);
-    printf("mpcache keep 1, budget 1 (s1 8, s2 4, %d-token prompt padded to 24, %d decode "
+    printf("mpcache keep 1, budget 1 (s1 4, s2 2, %d-token prompt padded to 16, %d decode "
            "steps with sealing): %d of %d logit vectors bit-equal to the full cache\n", PROMPT,
            DECODE, same, DECODE + 1);
     CHECKF(same == DECODE + 1, "%d of %d logit vectors equal", same, DECODE + 1);
@@ -256,12 +256,12 @@ int main(void)
     /* a real budget: the choices are the plaintext policy's */
     sel = full;
     sel.use_sel = 1;
-    sel.cfg = small_cfg(KVS_MPC_KV_CLUSTER, 0.5, 0.25);
+    sel.cfg = small_cfg(KVS_MPC_KV_CLUSTER, 0.5, 0.2);
     kvs_mpc_local_result ra[3], rb[3];
     const int ok_a = run(&sel, ra);
     static choice want[DECODE][MAXL][MAXH];
     int selector[MAXL] = {0};
-    plaintext_choices(model, tokens, "mpcache:keep=0.5,budget=0.25,s1=8,s2=4,quant=16", want,
+    plaintext_choices(model, tokens, "mpcache:keep=0.5,budget=0.2,s1=4,s2=2,quant=16", want,
                       selector);
     int compared = 0, equal = 0, recorded = 0;
     for (int e = 0; e < DECODE; e++)
@@ -285,7 +285,7 @@ int main(void)
                     printf("\n");
                 }
             }
-    printf("mpcache keep 0.5, budget 0.25: %d of %d choices (decode step x selecting layer x KV "
+    printf("mpcache keep 0.5, budget 0.2: %d of %d choices (decode step x selecting layer x KV "
            "head) equal to the plaintext policy's; %d recorded\n", equal, compared, recorded);
     /* The protocol scores clusters in fixed point (16 fraction bits) and the plaintext policy in
      * double: close scores may order differently (one of 160 here; the mismatches are listed
