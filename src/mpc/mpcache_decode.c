@@ -62,13 +62,12 @@ static kvs_status choose(kvs_mpc *m, kvs_mpc_llama *L, kvs_mpc_sel_layer *y, con
     const size_t G = (size_t)L->s.n_heads / heads, r = (size_t)(s->cfg.mp.s1 / s->cfg.mp.s2);
     const size_t C2x = (size_t)sh->C2x, C1 = (size_t)sh->C1, n1 = (size_t)sh->n1;
     const size_t nc = (size_t)sh->n_cand, n2 = (size_t)sh->n2;
-    const size_t words = heads * (d + C2x + C1 + C1 + n1 * C1 + C1 * r + nc + nc + n2 * nc +
-                                  nc * C2x) + 1;
+    const size_t words = heads * (d + C2x + C1 + C1 + n1 * C1 + nc + nc + n2 * nc + nc * C2x) + 1;
     uint64_t *qs = calloc(words, sizeof *qs);
     if (!qs)
         return kvs_mpcache_no_memory(err, "a cluster choice", words);
     uint64_t *all2 = qs + heads * d, *sc1 = all2 + heads * C2x, *sel1 = sc1 + heads * C1;
-    uint64_t *G1 = sel1 + heads * C1, *A2 = G1 + heads * n1 * C1, *sc2 = A2 + heads * C1 * r;
+    uint64_t *G1 = sel1 + heads * C1, *sc2 = G1 + heads * n1 * C1;
     uint64_t *sel2 = sc2 + heads * nc, *G2 = sel2 + heads * nc, *E1 = G2 + heads * n2 * nc;
     for (size_t h = 0; !dealer && h < heads; h++) /* qs: the group's queries summed */
         for (size_t g = 0; g < G; g++)
@@ -82,18 +81,16 @@ static kvs_status choose(kvs_mpc *m, kvs_mpc_llama *L, kvs_mpc_sel_layer *y, con
                                   dealer ? NULL : sc1, err);
         if (st == KVS_OK)
             st = kvs_mpcache_best_k(m, 0, sc1, heads, C1, n1, SCORE_BITS(f), sel1, G1, err);
-        for (size_t i = 0; !dealer && i < heads * C1 * r; i++)
-            A2[i] = all2[i]; /* [h][c][j] = fine cluster c r + j */
+        /* all2 is [h][c][j] with fine cluster c r + j: C1 x r a head, as the product wants */
         if (st == KVS_OK)
-            st = kvs_mpc_matmul_batch(m, KVS_OP_GATHER, dealer ? NULL : G1, dealer ? NULL : A2,
+            st = kvs_mpc_matmul_batch(m, KVS_OP_GATHER, dealer ? NULL : G1, dealer ? NULL : all2,
                                       heads, n1, C1, r, dealer ? NULL : sc2, err);
-    } else {
-        memcpy(sc2, all2, sizeof *sc2 * heads * C2x);
     }
-    /* one level: the fine choice's gather matrix is F itself */
+    /* one level: every fine cluster is a candidate and the choice's gather matrix is F itself */
     const int one = s->cfg.mp.levels < 2;
     if (st == KVS_OK)
-        st = kvs_mpcache_best_k(m, 0, sc2, heads, nc, n2, SCORE_BITS(f), sel2, one ? F : G2, err);
+        st = kvs_mpcache_best_k(m, 0, one ? all2 : sc2, heads, nc, n2, SCORE_BITS(f), sel2,
+                                one ? F : G2, err);
     if (one) {
         free(qs);
         return st;
