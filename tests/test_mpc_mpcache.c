@@ -7,7 +7,9 @@
  *     are the plaintext MPCache policy's (quant=16: the static step ranks on the fixed-point
  *     grid), layer by layer and step by step, but for near ties (at least 97%);
  *   - the transcript's length (messages and bytes per op on the party link and from the dealer)
- *     does not depend on the tokens: two different prompts of the same length. */
+ *     does not depend on the tokens: two different prompts of the same length;
+ *   - every run equals the plaintext emulator (mpc/fx_llama.h: the forward pass and MPCache in
+ *     the protocol's fixed point) bit for bit: every logit vector and every choice. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -17,6 +19,7 @@
 #include "engine/session_internal.h"
 #include "fixture.h"
 #include "model/llama.h"
+#include "mpc/fx_llama.h"
 #include "mpc/fxp.h"
 #include "mpc/local.h"
 #include "mpc/mpcache.h"
@@ -169,6 +172,55 @@ static void plaintext_choices(const struct kvs_model *model, const int32_t *toke
     kvs_session_free(s);
 }
 
+/* The emulator's run of c's tokens and configuration, its choices recorded as the hook does. */
+typedef struct fx_rec {
+    int step;
+    choice got[DECODE][MAXL][MAXH];
+} fx_rec;
+
+static void fx_on_choice(void *ctx, int layer, int head, const int *fine, int n)
+{
+    fx_rec *r = ctx;
+    if (r->step < 0 || r->step >= DECODE || layer >= MAXL || head >= MAXH || n > MAXF)
+        return;
+    r->got[r->step][layer][head].n = n;
+    memcpy(r->got[r->step][layer][head].fine, fine, sizeof *fine * (size_t)n);
+}
+
+/* Whether the emulator gives c's opened logits bit for bit after every token from the prompt's
+ * last, and c's opened choices. */
+static void emulator_agrees(const sel_ctx *c, const char *what)
+{
+    static fx_rec r;
+    memset(&r, 0, sizeof r);
+    for (int e = 0; e < DECODE; e++)
+        for (int l = 0; l < MAXL; l++)
+            for (int h = 0; h < MAXH; h++)
+                r.got[e][l][h].n = -1;
+    kvs_fx_llama *E = NULL;
+    kvs_error err = {0};
+    kvs_status st = kvs_fx_llama_new(c->model, FRAC, c->use_sel ? &c->cfg : NULL, PROMPT, &E,
+                                     &err);
+    CHECKF(st == KVS_OK, "%s: %s", what, err.msg);
+    if (st != KVS_OK)
+        return;
+    kvs_fx_llama_report(E, NULL, fx_on_choice, &r);
+    int rows = 0;
+    uint64_t lg[VMAX];
+    for (int t = 0; t < TOTAL && st == KVS_OK; t++) {
+        r.step = t - PROMPT;
+        st = kvs_fx_llama_step(E, c->tokens[t], lg, &err);
+        rows += t >= PROMPT - 1 && st == KVS_OK &&
+                !memcmp(lg, c->raw[t], sizeof *lg * (size_t)c->shape.vocab);
+    }
+    CHECKF(st == KVS_OK, "%s: %s", what, err.msg);
+    kvs_fx_llama_free(E);
+    const int chosen = memcmp(r.got, c->got, sizeof r.got) == 0;
+    printf("%s: the emulator's logits equal the protocol's bit for bit after %d of %d tokens; "
+           "choices %s\n", what, rows, DECODE + 1, chosen ? "the same" : "DIFFER");
+    CHECKF(rows == DECODE + 1 && chosen, "%s: emulator rows %d, choices %d", what, rows, chosen);
+}
+
 /* kvs_mpc_sel_attach refuses what the protocol cannot run, naming the parameter. */
 static void attach_errors(const kvs_mpc_shape *shape)
 {
@@ -211,6 +263,30 @@ static void attach_errors(const kvs_mpc_shape *shape)
     CHECK(!L.sel);
 }
 
+/* The emulator refuses what it does not emulate and bad input, naming it. */
+static void emulator_errors(const struct kvs_model *model)
+{
+    kvs_fx_llama *E = NULL;
+    kvs_error err = {0};
+    kvs_mpc_kv_cfg k = small_cfg(KVS_MPC_KV_CLUSTER, 0.5, 0.2);
+    k.mp.sim = KVS_MP_SIM_UB;
+    k.mp.levels = 1;
+    CHECKF(kvs_fx_llama_new(model, FRAC, &k, PROMPT, &E, &err) == KVS_ERR_ARG && !E &&
+               strstr(err.msg, "sim=linear"), "ub: '%s'", err.msg);
+    CHECKF(kvs_fx_llama_new(model, 40, NULL, PROMPT, &E, &err) == KVS_ERR_ARG && !E &&
+               strstr(err.msg, "frac=40"), "frac: '%s'", err.msg);
+    k = small_cfg(KVS_MPC_KV_CLUSTER, 0.5, 0.2);
+    k.mp.s2 = 3;
+    CHECKF(kvs_fx_llama_new(model, FRAC, &k, PROMPT, &E, &err) == KVS_ERR_ARG && !E &&
+               strstr(err.msg, "s2=3"), "s2: '%s'", err.msg);
+    CHECKF(kvs_fx_llama_new(model, FRAC, NULL, PROMPT, &E, &err) == KVS_OK && E, "%s", err.msg);
+    uint64_t lg[VMAX];
+    CHECKF(E && kvs_fx_llama_step(E, model->hp.vocab, lg, &err) == KVS_ERR_ARG &&
+               strstr(err.msg, "outside the vocabulary"), "token: '%s'", err.msg);
+    kvs_fx_llama_free(E);
+    kvs_fx_llama_free(NULL);
+}
+
 int main(void)
 {
     static int32_t tokens[FX_N_TOK];
@@ -228,8 +304,10 @@ int main(void)
     const int nl = full.shape.n_layers, nh = full.shape.n_kv_heads;
     CHECKF(nl <= MAXL && nh <= MAXH, "shape %d layers, %d KV heads", nl, nh);
     attach_errors(&full.shape);
+    emulator_errors(model);
     if (run(&full, res))
         free_res(res);
+    emulator_agrees(&full, "full cache");
 
     /* full budget: MPCache's path equals the full cache bit for bit */
     mp = full;
@@ -242,6 +320,7 @@ int main(void)
            "steps with sealing): %d of %d logit vectors bit-equal to the full cache\n", PROMPT,
            DECODE, same, DECODE + 1);
     CHECKF(same == DECODE + 1, "%d of %d logit vectors equal", same, DECODE + 1);
+    emulator_agrees(&mp, "mpcache keep 1, budget 1");
 
     tok = full;
     tok.use_sel = 1;
@@ -252,6 +331,7 @@ int main(void)
     printf("token-level top-k at budget 1: %d of %d logit vectors bit-equal to the full cache\n",
            same, DECODE + 1);
     CHECKF(same == DECODE + 1, "token level: %d of %d equal", same, DECODE + 1);
+    emulator_agrees(&tok, "token level, budget 1");
 
     /* a real budget: the choices are the plaintext policy's */
     sel = full;
@@ -259,6 +339,7 @@ int main(void)
     sel.cfg = small_cfg(KVS_MPC_KV_CLUSTER, 0.5, 0.2);
     kvs_mpc_local_result ra[3], rb[3];
     const int ok_a = run(&sel, ra);
+    emulator_agrees(&sel, "mpcache keep 0.5, budget 0.2");
     static choice want[DECODE][MAXL][MAXH];
     int selector[MAXL] = {0};
     plaintext_choices(model, tokens, "mpcache:keep=0.5,budget=0.2,s1=4,s2=2,quant=16", want,
@@ -303,6 +384,7 @@ int main(void)
     other.tokens = shuffled;
     other.model = model;
     const int ok_b = run(&other, rb);
+    emulator_agrees(&other, "mpcache keep 0.5, budget 0.2, second prompt");
     if (ok_a && ok_b) {
         int diff = 0;
         for (int op = 0; op < KVS_OP_N; op++)

@@ -207,8 +207,7 @@ static kvs_status rmsnorm(kvs_mpc *m, const kvs_mpc_shape *s, const uint64_t *x,
     return st;
 }
 
-/* The RoPE angles' cosines and sines of n rows from position pos: the same for every layer. */
-static void rope_angles(const kvs_mpc_shape *s, int pos, size_t n, double *rot)
+void kvs_mpc_rope_angles(const kvs_mpc_shape *s, int pos, size_t n, double *rot)
 {
     const int pairs = s->rot_dim / 2;
     for (int p = 0; p < pairs; p++) {
@@ -221,17 +220,14 @@ static void rope_angles(const kvs_mpc_shape *s, int pos, size_t n, double *rot)
     }
 }
 
-/* RoPE of one row's heads by its angles (rot: rot_dim / 2 x (cos, sin)), with an extra public
- * factor (1/sqrt(head_dim) for queries): the rotated pairs are public linear maps of the shares
- * (a truncation follows, by the caller). */
-static void rope_row(const kvs_mpc *m, const kvs_mpc_shape *s, uint64_t *v, int heads,
-                     const double *rot, double scale)
+void kvs_mpc_rope_row(const kvs_mpc_shape *s, int frac, uint64_t *v, int heads, const double *rot,
+                      double scale)
 {
     const int hd = s->head_dim, pairs = s->rot_dim / 2;
-    const uint64_t k = kvs_fx_encode(scale, m->frac);
+    const uint64_t k = kvs_fx_encode(scale, frac);
     for (int p = 0; p < pairs; p++) {
-        const uint64_t c = kvs_fx_encode(rot[2 * p] * scale, m->frac);
-        const uint64_t sn = kvs_fx_encode(rot[2 * p + 1] * scale, m->frac);
+        const uint64_t c = kvs_fx_encode(rot[2 * p] * scale, frac);
+        const uint64_t sn = kvs_fx_encode(rot[2 * p + 1] * scale, frac);
         const int i0 = s->neox ? p : 2 * p, i1 = s->neox ? p + pairs : 2 * p + 1;
         for (int h = 0; h < heads; h++) {
             uint64_t *x = v + (size_t)h * hd;
@@ -341,8 +337,8 @@ static kvs_status attention(kvs_mpc *m, kvs_mpc_llama *L, int l, size_t n, step_
         memcpy(qk, b->qkv + r * W, sizeof *qk * (dim + kvd));
         memcpy(b->v + r * kvd, b->qkv + r * W + dim + kvd, sizeof *b->v * kvd);
         const double *rot = b->rot + r * (size_t)(s->rot_dim / 2) * 2;
-        rope_row(m, s, qk, s->n_heads, rot, qscale);
-        rope_row(m, s, qk + dim, s->n_kv_heads, rot, 1.0);
+        kvs_mpc_rope_row(s, m->frac, qk, s->n_heads, rot, qscale);
+        kvs_mpc_rope_row(s, m->frac, qk + dim, s->n_kv_heads, rot, 1.0);
     }
     if (st == KVS_OK)
         st = kvs_mpc_trunc(m, KVS_OP_MATMUL, dealer ? NULL : b->qk, n * (dim + kvd), m->frac,
@@ -447,7 +443,7 @@ kvs_status kvs_mpc_llama_forward(kvs_mpc *m, kvs_mpc_llama *L, const int32_t *to
         return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for %d tokens at position %d", n,
                         pos);
     if (!dealer)
-        rope_angles(s, pos, N, b.rot);
+        kvs_mpc_rope_angles(s, pos, N, b.rot);
     /* row r of a head's scores sees the cache up to its own position */
     size_t *valid = (size_t *)(b.row + 3 * N * (size_t)s->n_heads);
     for (size_t r = 0; r < N * (size_t)s->n_heads; r++)

@@ -71,4 +71,14 @@ kvs_status kvs_mpc_softmax(kvs_mpc *m, uint64_t *sc, size_t rows, size_t len,
 
 int kvs_mpc_llama_block(const kvs_mpc_shape *s, int pos, int remaining);
 
+/* The RoPE angles' cosines and sines of n rows from position pos (rot: n x rot_dim / 2 x (cos,
+ * sin)): the same for every layer. */
+void kvs_mpc_rope_angles(const kvs_mpc_shape *s, int pos, size_t n, double *rot);
+
+/* RoPE of one row's heads by its angles (rot: rot_dim / 2 x (cos, sin)), with an extra public
+ * factor (1/sqrt(head_dim) for queries): the rotated pairs are public linear maps of the shares
+ * (a truncation follows, by the caller). */
+void kvs_mpc_rope_row(const kvs_mpc_shape *s, int frac, uint64_t *v, int heads, const double *rot,
+                      double scale);
+
 #endif
