@@ -12,7 +12,12 @@
  *   mpc_mpcache_check MODEL TOKENS PLEN BUDGETS [SPEC]  a token file: PLEN prompt tokens, every
  *                                                       row from PLEN - 1 scored (top-1)
  * BUDGETS: comma-separated shares (e.g. 0.05,0.1); SPEC: extra mpcache parameters
- * (e.g. share=off). One JSON line a prompt and budget on stdout, progress on stderr. */
+ * (e.g. share=off). One JSON line a prompt, reference and budget on stdout, progress and the
+ * summary on stderr. The references: the plaintext policy as configured, with quant=16, and the
+ * plaintext emulator in the protocol's fixed point (mpc/fx_llama.h; its logits are compared bit
+ * for bit too). Env: MPCACHE_CHECK_DUMP=FILE writes the protocol's results (kept positions,
+ * choices, opened logits) as text; MPCACHE_CHECK_REPLAY=FILE reads them instead of running the
+ * protocol (same arguments); MPCACHE_CHECK_VERBOSE=1 lists every difference. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
