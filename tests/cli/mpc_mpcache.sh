@@ -2,7 +2,9 @@
 # MPCache under the protocol from the command line (kvslim mpc run --kv mpcache:...): the greedy
 # text equals the plaintext policy's (`kvslim run --temp 0 --kv mpcache:...,quant=16`, whose
 # static step ranks on the protocol's fixed-point grid), the report and the JSON name the KV
-# configuration, and a configuration the protocol cannot run exits 2 naming it.
+# configuration, two recall prompts of the same length with different needles cost the same bytes,
+# messages and rounds per op (and both retrieve their needle), and a configuration the protocol
+# cannot run exits 2 naming it.
 source "$(dirname "$0")/lib.bash"
 M=$MODELS/gguf/stories260K-f32.gguf
 P="Once upon a time"
@@ -32,6 +34,53 @@ if r["text"] == gen and len(r["tokens"]) == 16:
     sys.exit(0)
 print("texts differ: mpc %r, plain %r" % (r["text"], gen))
 sys.exit(1)
+PY
+fi
+
+# Two needle prompts of the recall model, same length, different needles: the first 40 context
+# tokens of recall-256's prompts 000 and 001, then Q and the first key of each that is followed by
+# its value. The transcript's length (every count of the cost report but the wall times) must not
+# depend on which tokens the static step keeps and which clusters are chosen.
+R=$MODELS/recall
+if command -v python3 >/dev/null; then
+  for i in 0 1; do
+    python3 - "$R/prompts/recall-256/00$i.tokens" "$TMP/needle$i.tokens" "$TMP/needle$i.want" <<'PY'
+import sys
+t = [int(x) for x in open(sys.argv[1])]
+ctx = t[:40]
+j = next(k for k in range(1, 39) if 128 <= ctx[k] < 384 and ctx[k + 1] >= 384)
+open(sys.argv[2], "w").write("\n".join(map(str, ctx + [3, ctx[j]])) + "\n")
+open(sys.argv[3], "w").write("V%03d\n" % (ctx[j + 1] - 384))
+PY
+    "$KVS_BIN" mpc run -m "$R/recall.bin" --tokenizer "$R/recall-tok.bin" \
+      --tokens "$TMP/needle$i.tokens" --prompt-len 40 -n 1 --insecure-plain \
+      --kv mpcache:budget=0.25,keep=0.5,s1=8,s2=4,share=off --json "$TMP/needle$i.json" \
+      >/dev/null 2>"$TMP/needle$i.err" || fail "needle prompt $i: $(head -c 400 "$TMP/needle$i.err")"
+  done
+  python3 - "$TMP"/needle{0,1}.json "$TMP"/needle{0,1}.want >"$TMP/needle.out" 2>&1 <<'PY' \
+    && pass "two needle prompts of 42 tokens: $(tail -n 1 "$TMP/needle.out")" \
+    || fail "needle prompts: $(cat "$TMP/needle.out")"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+want = [open(p).read().strip() for p in sys.argv[3:5]]
+def counts(d, path=""):
+    """Every number of the report but wall times, by path."""
+    out = {}
+    for k, v in d.items():
+        if k in ("text", "tokens", "pieces", "teacher_forced_top1") or "wall" in k:
+            continue
+        if isinstance(v, dict):
+            out.update(counts(v, path + k + "."))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[path + k] = v
+    return out
+ca, cb = counts(a), counts(b)
+diff = [k for k in sorted(set(ca) | set(cb)) if ca.get(k) != cb.get(k)]
+assert len(ca) > 50, "too few counts in the report: %d" % len(ca)
+assert not diff, "counts differ: " + ", ".join("%s %s/%s" % (k, ca.get(k), cb.get(k)) for k in diff[:8])
+assert [a["text"], b["text"]] == want, "answers %s, needles %s" % ([a["text"], b["text"]], want)
+print("%d counts equal (bytes, messages, rounds, dealer bytes per op and phase); answers %s and %s, "
+      "both the needles' values" % (len(ca), a["text"], b["text"]))
 PY
 fi
 
