@@ -50,6 +50,11 @@ kvs_status kvs_model_load(const char *path, kvs_model **out, kvs_error *err);
 void kvs_model_free(kvs_model *m);
 /* A NULL model gives all zeros (weight_type ""). */
 void kvs_model_get_info(const kvs_model *m, kvs_model_info *info);
+/* The string value of the GGUF metadata key (e.g. "tokenizer.chat_template", "general.name"),
+ * snprintf-style: copies at most size - 1 bytes and a NUL into buf (buf may be NULL when size is
+ * 0) and returns the value's whole length, so a caller can size a buffer with a first call.
+ * -1 (and "" in buf) when m or key is NULL, the key is absent or its value is not a string. */
+int kvs_model_meta_str(const kvs_model *m, const char *key, char *buf, size_t size);
 
 /* ---- tokens ---- */
 /* -1 for a NULL model. */

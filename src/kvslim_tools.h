@@ -20,7 +20,8 @@
  *   mpc/session.h        mpc: one role of a two-party session over TCP, its cost model
  *   mpc/mpcache.h        mpc: the --kv configurations the protocol runs (kvs_mpc_kv_parse)
  *   mpc/net.h, mpc/ops.h mpc: listening sockets, keys, op names
- *   mpc/fxp.h            mpc: fixed-point decoding */
+ *   mpc/fxp.h            mpc: fixed-point decoding
+ *   server/server.h      serve: the OpenAI-compatible HTTP server (kvs_server_main) */
 #ifndef KVSLIM_TOOLS_H
 #define KVSLIM_TOOLS_H
 
@@ -45,5 +46,6 @@
 #include "mpc/ops.h"
 #include "mpc/mpcache.h"
 #include "mpc/session.h"
+#include "server/server.h"
 
 #endif

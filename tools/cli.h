@@ -21,6 +21,7 @@ int cmd_eval(int argc, char **argv);
 int cmd_layersim(int argc, char **argv);
 int cmd_eval_opcount(int argc, char **argv); /* eval --task opcount */
 int cmd_mpc(int argc, char **argv);          /* mpc run | dealer | party */
+int cmd_serve(int argc, char **argv);
 
 /* Prints "kvslim CMD: message" to stderr. */
 void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

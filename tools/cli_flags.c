@@ -36,7 +36,8 @@ typedef struct flag_def {
 } flag_def;
 
 #define ALL (CMD_RUN | CMD_LOGITS | CMD_TOKENIZE | CMD_CONVERT | CMD_BENCH | CMD_EVAL | CMD_LAYERSIM | \
-             CMD_EVAL_RECALL | CMD_EVAL_OPCOUNT | CMD_MPC | CMD_MPC_DEALER | CMD_MPC_PARTY)
+             CMD_EVAL_RECALL | CMD_EVAL_OPCOUNT | CMD_MPC | CMD_MPC_DEALER | CMD_MPC_PARTY | \
+             CMD_SERVE)
 #define MPC_ALL (CMD_MPC | CMD_MPC_DEALER | CMD_MPC_PARTY)
 #define SESSION (CMD_RUN | CMD_LOGITS | CMD_BENCH | CMD_EVAL | CMD_LAYERSIM)
 
@@ -287,6 +288,39 @@ static const flag_def flags[] = {
      "seconds to wait for a connection or a message (default 30)"},
     {FL_JSON, NULL, "--json", K_STRING, "OUT", CMD_MPC | CMD_MPC_PARTY, 0, 0, 0, NULL,
      "the text, tokens and cost table as JSON (party 0)"},
+    /* serve (tools/cmd_serve.c) */
+    {FL_MODEL, "-m", "--model", K_STRING, "MODEL", CMD_SERVE, 0, 0, 0, NULL,
+     "GGUF model to serve (its file name is the model id)"},
+    {FL_HOST, NULL, "--host", K_STRING, "ADDR", CMD_SERVE, 0, 0, 0, NULL,
+     "address to listen on (default 127.0.0.1; 0.0.0.0: every\n"
+     "interface)"},
+    {FL_PORT, NULL, "--port", K_INT, "PORT", CMD_SERVE, 0, 65535, 0, NULL,
+     "TCP port (default 8080; 0 picks a free one, named in the\n"
+     "listen line)"},
+    {FL_PARALLEL, NULL, "--parallel", K_INT, "N", CMD_SERVE, 1, 256, 0, NULL,
+     "sequences decoding at once, one session each (default 2)"},
+    {FL_QUEUE, NULL, "--queue", K_INT, "Q", CMD_SERVE, 0, 65536, 0, NULL,
+     "requests waiting for a sequence (default 8); more answer 503"},
+    {FL_CTX, "-c", "--ctx", K_INT, "N", CMD_SERVE, 0, 1 << 24, 0, NULL,
+     "context per sequence (default 0: the model's; a larger one is used\n"
+     "with a notice)"},
+    {FL_KV, NULL, "--kv", K_STRING, "SPEC", CMD_SERVE, 0, 0, 0, NULL,
+     "KV policy of requests without a \"kv\" field (default full);\n"
+     "--kv help lists the policies and their parameters"},
+    {FL_KV_TYPE, NULL, "--kv-type", K_WORD, "TYPE", CMD_SERVE, 0, 0, 0, kv_types,
+     "KV storage of requests without a \"kv_type\" field: f32 (default),\n"
+     "f16, kivi4, kivi2 or kivi:kbits=B,vbits=B,group=G,residual=R"},
+    {FL_THREADS, "-t", "--threads", K_INT, "N", CMD_SERVE, 1, 256, 0, NULL,
+     "threads per sequence (default 1; more than the online CPUs are\n"
+     "clamped to their number)"},
+    {FL_API_KEY, NULL, "--api-key", K_STRING, "KEY", CMD_SERVE, 0, 0, 0, NULL,
+     "require the header 'Authorization: Bearer KEY' on every endpoint\n"
+     "but / and /health (else 401)"},
+    {FL_MAX_BODY, NULL, "--max-body", K_INT, "BYTES", CMD_SERVE, 1, 1 << 30, 0, NULL,
+     "largest request body (default 1048576); a larger one answers\n"
+     "413"},
+    {FL_TIMEOUT, NULL, "--timeout", K_INT, "S", CMD_SERVE, 1, 86400, 0, NULL,
+     "idle connection timeout in seconds (default 600)"},
     {FL_VERSION, NULL, "--version", K_NONE, NULL, ALL, 0, 0, 0, NULL, "print the version"},
     {FL_HELP, "-h", "--help", K_NONE, NULL, ALL, 0, 0, 0, NULL, "this help"},
 };

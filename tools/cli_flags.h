@@ -24,6 +24,7 @@ enum {
     CMD_MPC = 1 << 9,          /* mpc run: the three roles on loopback (tools/cmd_mpc.c) */
     CMD_MPC_DEALER = 1 << 10,  /* mpc dealer: the dealer alone */
     CMD_MPC_PARTY = 1 << 11,   /* mpc party: party 0 or 1 alone */
+    CMD_SERVE = 1 << 12,       /* serve: the HTTP server (tools/cmd_serve.c) */
 };
 
 /* What a flag means; a command reads its values by these. Two table rows may share an id when
@@ -79,6 +80,12 @@ typedef enum cli_flag_id {
     FL_DEALER_KEY,
     FL_ROLE,
     FL_MODEL_HASH,
+    FL_HOST,
+    FL_PORT,
+    FL_PARALLEL,
+    FL_QUEUE,
+    FL_API_KEY,
+    FL_MAX_BODY,
     FL_COUNT
 } cli_flag_id;
 

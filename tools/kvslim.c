@@ -21,6 +21,7 @@ static const struct {
     {"eval", cmd_eval, "fidelity of KV policies against the full cache"},
     {"layersim", cmd_layersim, "adjacent-layer cosine similarity of K and V"},
     {"mpc", cmd_mpc, "two-party secure inference (dealer, client, server)"},
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server with a KV policy per request"},
 };
 
 static void usage(FILE *f)
