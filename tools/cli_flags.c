@@ -308,8 +308,8 @@ static const flag_def flags[] = {
      "KV policy of requests without a \"kv\" field (default full);\n"
      "--kv help lists the policies and their parameters"},
     {FL_KV_TYPE, NULL, "--kv-type", K_WORD, "TYPE", CMD_SERVE, 0, 0, 0, kv_types,
-     "KV storage of requests without a \"kv_type\" field: f32 (default),\n"
-     "f16, kivi4, kivi2 or kivi:kbits=B,vbits=B,group=G,residual=R"},
+     "KV storage of requests without a \"kv_type\" field: f16 (default,\n"
+     "as run's), f32, kivi4, kivi2 or kivi:kbits=B,vbits=B,group=G,residual=R"},
     {FL_THREADS, "-t", "--threads", K_INT, "N", CMD_SERVE, 1, 256, 0, NULL,
      "threads per sequence (default 1; more than the online CPUs are\n"
      "clamped to their number)"},
@@ -589,9 +589,9 @@ int cli_threads(const cli_args *a)
 
 const char *cli_default_kv_type(const char *cmd)
 {
-    /* run and bench store F16 as llama.cpp does; eval and logits measure against F32, the
-     * reference ../shared/reference was made with. */
-    return !strcmp(cmd, "run") || !strcmp(cmd, "bench") ? "f16" : "f32";
+    /* run, bench and serve store F16 as llama.cpp does; eval and logits measure against F32,
+     * the reference ../shared/reference was made with. */
+    return !strcmp(cmd, "run") || !strcmp(cmd, "bench") || !strcmp(cmd, "serve") ? "f16" : "f32";
 }
 
 int cli_session_params(const cli_args *a, kvs_session_params *p)

@@ -184,7 +184,7 @@ static int init(kvs_server *srv, const kvs_server_opts *o)
     memset(srv, 0, sizeof *srv);
     srv->opts = *o;
     srv->kv = o->kv ? o->kv : "full";
-    srv->kv_type = o->kv_type ? o->kv_type : "f32";
+    srv->kv_type = o->kv_type ? o->kv_type : "f16"; /* as kvslim run */
     srv->started = (long long)time(NULL);
     atomic_init(&srv->ready, 0);
     atomic_init(&srv->stopping, 0);

@@ -16,7 +16,7 @@ typedef struct kvs_server_opts {
     int n_ctx;              /* context per sequence; 0: the model's */
     int n_threads;          /* threads per sequence, >= 1 */
     const char *kv;         /* KV policy of requests without "kv"; NULL: full */
-    const char *kv_type;    /* KV storage of requests without "kv_type"; NULL: f32 */
+    const char *kv_type;    /* KV storage of requests without "kv_type"; NULL: f16 */
     const char *api_key;    /* NULL: no authentication */
     size_t max_body;        /* bytes of a request body; more answers 413 */
     unsigned timeout_s;     /* idle connection timeout */
