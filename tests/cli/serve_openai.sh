@@ -10,13 +10,7 @@ serve_start main --api-key "$SERVE_KEY" --parallel 2
 export SERVE_KEY SERVE_MODEL_ID
 status=0
 run_bg timeout 120 node "$NODE_DIR/openai_client.mjs" >"$TMP/client.out" 2>"$TMP/client.err" || status=$?
-while IFS= read -r line; do
-  case $line in
-    ok:\ *) pass "${line#ok: }" ;;
-    FAIL:\ *) fail "${line#FAIL: }" ;;
-    *) echo "$line" ;;
-  esac
-done <"$TMP/client.out"
+serve_relay "$TMP/client.out"
 [ "$status" -eq 0 ] || fail "openai_client.mjs exit status $status: $(head -c 600 "$TMP/client.err")"
 [ "$passes" -ge 30 ] || fail "only $passes checks ran"
 # One log line per request, naming the path and the status.

@@ -16,13 +16,7 @@ rm -f "$KVS_BUILD_DIR/serve-page.png"
 status=0
 SERVE_URL=$OPEN_URL KEYED_URL=$KEYED_URL SERVE_KEY=$KEY SCREENSHOT=$KVS_BUILD_DIR/serve-page.png \
   run_bg timeout 120 node "$NODE_DIR/page.mjs" >"$TMP/page.out" 2>"$TMP/page.err" || status=$?
-while IFS= read -r line; do
-  case $line in
-    ok:\ *) pass "${line#ok: }" ;;
-    FAIL:\ *) fail "${line#FAIL: }" ;;
-    *) echo "$line" ;;
-  esac
-done <"$TMP/page.out"
+serve_relay "$TMP/page.out"
 [ "$status" -eq 0 ] || fail "page.mjs exit status $status: $(grep -v 'unexpected operator' "$TMP/page.err" | head -c 600)"
 [ "$passes" -ge 20 ] || fail "only $passes checks ran"
 [ -s "$KVS_BUILD_DIR/serve-page.png" ] && pass "screenshot $KVS_BUILD_DIR/serve-page.png: $(wc -c <"$KVS_BUILD_DIR/serve-page.png") bytes" \

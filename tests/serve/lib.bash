@@ -139,3 +139,16 @@ node_setup() {
 metric() {
   awk -v m="$1" '$1 == m { print $2; exit }' "$2"
 }
+
+# serve_relay FILE: counts a node script's "ok: ..." and "FAIL: ..." lines as this test's passes
+# and failures, and echoes the rest.
+serve_relay() {
+  local line
+  while IFS= read -r line; do
+    case $line in
+      ok:\ *) pass "${line#ok: }" ;;
+      FAIL:\ *) fail "${line#FAIL: }" ;;
+      *) echo "$line" ;;
+    esac
+  done <"$1"
+}
