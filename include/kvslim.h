@@ -60,7 +60,9 @@ int kvs_model_meta_str(const kvs_model *m, const char *key, char *buf, size_t si
 /* -1 for a NULL model. */
 int kvs_token_bos(const kvs_model *m);
 int kvs_token_eos(const kvs_model *m);
-/* Encodes text; *ids is malloc'd and owned by the caller (free()). */
+/* Encodes text (SentencePiece, or byte-level BPE with the pre-tokenizer the GGUF names); *ids is
+ * malloc'd and owned by the caller (free()). add_bos: prepend BOS when the vocabulary asks for it
+ * (tokenizer.ggml.add_bos_token; absent: yes for SentencePiece, no for BPE). */
 kvs_status kvs_tokenize(const kvs_model *m, const char *text, int add_bos, int32_t **ids,
                         int *n_ids, kvs_error *err);
 /* Printable bytes of token id following token prev; *len is set (may contain a NUL byte).

@@ -4,7 +4,7 @@ set -euo pipefail
 # libmicrohttpd and cJSON: the server; chromium, curl: its tests (the page in a real browser,
 # raw HTTP); wrk: its load benchmark.
 packages=(build-essential cmake pkg-config libopenblas-dev gnuplot-nox jq libssl-dev
-  libmicrohttpd-dev libcjson-dev chromium curl wrk python3)
+  libmicrohttpd-dev libcjson-dev libpcre2-dev chromium curl wrk python3)
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -238,7 +238,7 @@ static void test_round_trip(void)
           strstr(err.msg, "block size"));
     CHECK(kvs_gguf_add_tensor(w, "x", KVS_F32, 0, bad_dims, d_f32, &err) == KVS_ERR_ARG);
     CHECK(kvs_gguf_add_tensor(w, "x", KVS_F32, 5, bad_dims, d_f32, &err) == KVS_ERR_ARG);
-    CHECK(kvs_gguf_add_tensor(w, "x", (kvs_dtype)12, 1, bad_dims, d_f32, &err) == KVS_ERR_ARG);
+    CHECK(kvs_gguf_add_tensor(w, "x", (kvs_dtype)16, 1, bad_dims, d_f32, &err) == KVS_ERR_ARG);
     CHECK(kvs_gguf_add_tensor(w, "", KVS_F32, 1, bad_dims, d_f32, &err) == KVS_ERR_ARG);
 
     CHECKF(kvs_gguf_write(w, path, &err) == KVS_OK, "%s", err.msg);
@@ -677,7 +677,7 @@ static void test_header_corruptions(const img *m, const layout *L)
     EXPECT_FAIL(m, L->t_dims[0], 8, UINT64_MAX, KVS_ERR_FORMAT, "element count overflows");
     EXPECT_FAIL(m, L->t_type[0], 4, 99, KVS_ERR_UNSUPPORTED,
                 "tensor 'token_embd.weight': unknown tensor type id 99");
-    EXPECT_FAIL(m, L->t_type[0], 4, 12, KVS_ERR_UNSUPPORTED, "tensor type 12 (q4_K) is not");
+    EXPECT_FAIL(m, L->t_type[0], 4, 16, KVS_ERR_UNSUPPORTED, "tensor type 16 (iq2_xxs) is not");
     {   /* output_norm.weight [64] as Q8_0 would be fine; with dims[0] = 48 it is not */
         img q = {malloc(m->n), m->n};
         memcpy(q.b, m->b, m->n);

@@ -507,8 +507,8 @@ static void test_matmul(void)
      * pass names the tensor if one ever reaches it). */
     float wq[64] = {0}, xq[64] = {0};
     yy = 42.0f;
-    CHECK(kvs_matmul(pools[2], &yy, xq, wq, (kvs_dtype)7, 1, 32, 1) == KVS_ERR_UNSUPPORTED);
-    CHECK(kvs_matmul(NULL, &yy, xq, wq, (kvs_dtype)7, 1, 32, 1) == KVS_ERR_UNSUPPORTED);
+    CHECK(kvs_matmul(pools[2], &yy, xq, wq, (kvs_dtype)9, 1, 32, 1) == KVS_ERR_UNSUPPORTED);
+    CHECK(kvs_matmul(NULL, &yy, xq, wq, (kvs_dtype)9, 1, 32, 1) == KVS_ERR_UNSUPPORTED);
     CHECK(kvs_matmul(pools[2], &yy, xq, wq, KVS_Q8_0, 1, 17, 1) == KVS_ERR_ARG);
     CHECK(kvs_matmul(pools[2], &yy, xq, wq, KVS_F32, -1, 1, 1) == KVS_ERR_ARG);
     CHECK(yy == 42.0f);

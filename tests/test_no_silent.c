@@ -16,7 +16,7 @@ static void unsupported_weight_type(kvs_model *m)
     const int32_t toks[4] = {1, 5, 9, 7};
     float *logits = calloc((size_t)m->hp.vocab, sizeof(float));
     const kvs_dtype saved = m->layers[1].w_up.type;
-    m->layers[1].w_up.type = (kvs_dtype)7; /* a GGUF type id kvslim has no kernel for */
+    m->layers[1].w_up.type = (kvs_dtype)9; /* Q8_1: a GGUF type id kvslim has no kernel for */
     kvs_status st = kvs_session_eval(s, toks, 4, logits, 0, &err);
     CHECKF(st == KVS_ERR_UNSUPPORTED && strstr(err.msg, "blk.1.ffn_up.weight") &&
                strstr(err.msg, "no matrix product kernel"),

@@ -754,6 +754,7 @@ typedef struct {
 } gguf_case;
 
 static void tw_model_gpt2(kvs_gguf_writer *w, const kvs_tokenizer *r) { (void)r; kvs_gguf_set_str(w, "tokenizer.ggml.model", "gpt2"); }
+static void tw_model_bert(kvs_gguf_writer *w, const kvs_tokenizer *r) { (void)r; kvs_gguf_set_str(w, "tokenizer.ggml.model", "bert"); }
 static void tw_model_u32(kvs_gguf_writer *w, const kvs_tokenizer *r) { (void)r; kvs_gguf_set_u32(w, "tokenizer.ggml.model", 7); }
 static void tw_scores_i32(kvs_gguf_writer *w, const kvs_tokenizer *r)
 {
@@ -853,7 +854,9 @@ static void test_gguf_errors(const kvs_tokenizer *ref)
         {"ok", 0, NULL, KVS_OK, "", ""},
         {"ids absent (defaults 1/2/0)", 0, tw_no_ids, KVS_OK, "", ""},
         {"no model", SKIP_MODEL, NULL, KVS_ERR_FORMAT, "tokenizer.ggml.model", "missing"},
-        {"model gpt2", 0, tw_model_gpt2, KVS_ERR_UNSUPPORTED, "tokenizer.ggml.model", "gpt2"},
+        {"model bert", 0, tw_model_bert, KVS_ERR_UNSUPPORTED, "tokenizer.ggml.model", "bert"},
+        /* gpt2 (byte-level BPE) is supported, but needs merges (tests/test_vocab.c tests it) */
+        {"model gpt2 without merges", 0, tw_model_gpt2, KVS_ERR_FORMAT, "tokenizer.ggml.merges", "missing"},
         {"model u32", 0, tw_model_u32, KVS_ERR_FORMAT, "tokenizer.ggml.model", ""},
         {"no tokens", SKIP_TOKENS, NULL, KVS_ERR_FORMAT, "tokenizer.ggml.tokens", "missing"},
         {"no scores", SKIP_SCORES, NULL, KVS_ERR_FORMAT, "tokenizer.ggml.scores", "missing"},

@@ -10,7 +10,8 @@ static const cli_command tokenize_cmd = {
     "tokenize", CMD_TOKENIZE,
     "usage: kvslim tokenize -m MODEL (-p TEXT | -f FILE) [--no-bos]\n"
     "\n"
-    "Prints the token ids of TEXT, one per line, starting with BOS unless --no-bos.\n",
+    "Prints the token ids of TEXT, one per line, starting with BOS when the vocabulary adds\n"
+    "one (tokenizer.ggml.add_bos_token: SentencePiece's default yes, BPE's no) unless --no-bos.\n",
     NULL};
 
 static int tokenize(const cli_args *a)

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "dequant.h"
 #include "kernels_internal.h"
 
 #if KVS_AVX512 || KVS_AVX2
@@ -107,6 +108,9 @@ void kvs_dequantize_row(kvs_dtype t, const void *src, float *dst, int64_t n)
         }
         break;
     }
+    default: /* Q4_1, Q5_0, Q5_1, the K-quants, IQ4_NL (dequant.h) */
+        kvs_dequantize_row_simd(t, src, dst, n);
+        break;
     }
 }
 
@@ -134,6 +138,8 @@ void kvs_quantize_row(kvs_dtype t, const float *src, void *dst, int64_t n)
     case KVS_Q4_0:
         quantize_q4_0(src, dst, n);
         break;
+    default: /* no quantiser for the types kvslim only reads (see kernels.h) */
+        abort();
     }
 }
 

@@ -25,14 +25,19 @@ float kvs_bf16_to_fp32(uint16_t h);
 uint16_t kvs_fp32_to_bf16(float f);
 
 /* Row conversion between fp32 and any dtype. n must be a multiple of the block size.
- * Quantisation follows the standard GGML reference layouts bit for bit:
+ * Dequantisation covers every dtype (Q4_1, Q5_0, Q5_1, the K-quants and IQ4_NL through
+ * dequant.h, bit-identical to GGML's dequantize_row_*). Quantisation covers F32, F16, BF16,
+ * Q8_0 and Q4_0 only (the types kvslim writes; any other type aborts, a caller bug) and follows
+ * the standard GGML reference layouts bit for bit:
  *   Q8_0: d = amax / 127, q = round(x / d)
  *   Q4_0: d = max / -8 (max = the element of largest magnitude, with its sign),
  *         q = min(15, (int8)(x / d + 8.5)) */
 void kvs_dequantize_row(kvs_dtype t, const void *src, float *dst, int64_t n);
 void kvs_quantize_row(kvs_dtype t, const float *src, void *dst, int64_t n);
 
-/* y[r][o] = sum_i x[r][i] * W[o][i] for r < n_rows, o < n_out.
+/* y[r][o] = sum_i x[r][i] * W[o][i] for r < n_rows, o < n_out. Q4_1, Q5_0, Q5_1, the K-quants
+ * and IQ4_NL weights are dequantised block by block and multiplied in fp32 with fp32 x
+ * (dequant.h, matmul_deq.c): within fp32 rounding of the fp32 reference.
  * W is n_out rows of n_in elements of type wt (row stride = bytes of n_in elements).
  * x is n_rows x n_in fp32 (row stride n_in), y is n_rows x n_out fp32 (row stride n_out).
  * Runs on every thread of pool. Q8_0/Q4_0 weights may quantise x to Q8_0 internally (as GGML

@@ -1,4 +1,5 @@
-/* kvs_matmul: y[r][o] = dot(x[r], W[o]) for F32 / F16 / BF16 / Q8_0 / Q4_0 weights.
+/* kvs_matmul: y[r][o] = dot(x[r], W[o]) for F32 / F16 / BF16 / Q8_0 / Q4_0 weights (the other
+ * block types go to kvs_matmul_deq, matmul_deq.c).
  *
  * Paths (chosen at compile time by the target ISA, at run time by shape):
  *
@@ -37,6 +38,7 @@
 
 #include <math.h>
 
+#include "dequant.h"
 #include "kernels.h"
 #include "kernels_internal.h"
 
@@ -934,9 +936,8 @@ static void run_path(const mm_ctx *c, int path, char *scratch, int r0, int r1, i
 #if KVS_AVX512_VNNI
             case KVS_Q8_0: gemv_q8_0(c, r, nr, o0, o1); break;
             case KVS_Q4_0: gemv_q4_0(c, r, nr, o0, o1); break;
-#else
-            default: break;
 #endif
+            default: break; /* the dequant.h types never get here (kvs_matmul_deq) */
             }
         }
         break;
@@ -992,6 +993,7 @@ static int has_kernel(kvs_dtype wt)
 {
     switch (wt) {
     case KVS_F32: case KVS_F16: case KVS_BF16: case KVS_Q8_0: case KVS_Q4_0: return 1;
+    default: break;
     }
     return 0;
 }
@@ -1000,6 +1002,8 @@ kvs_status kvs_matmul(kvs_pool *pool, float *y, const float *x, const void *w, k
                       int n_rows, int n_in, int n_out)
 {
     uint64_t row_bytes;
+    if (kvs_deq_type(wt)) /* Q4_1, Q5_0, Q5_1, K-quants, IQ4_NL: fp32 x, dequantised W */
+        return kvs_matmul_deq(pool, y, x, w, wt, n_rows, n_in, n_out);
     if (!has_kernel(wt))
         return KVS_ERR_UNSUPPORTED;
     if (n_rows < 0 || n_out < 0 || n_in < 0 || kvs_dtype_bytes(wt, (uint64_t)n_in, &row_bytes) != 0)

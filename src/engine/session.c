@@ -177,6 +177,11 @@ static kvs_status setup_context(kvs_session *s, const kvs_policy_spec *spec, kvs
         return kvs_fail(err, KVS_ERR_ARG, "position shifting cannot be combined with the "
                         "attention recall measurement, which compares with every key at its "
                         "original position");
+    if (s->shift && s->model->rope_div)
+        return kvs_fail(err, KVS_ERR_UNSUPPORTED, "position shifting (--context-shift or "
+                        "shift=on) re-rotates keys with unscaled RoPE frequencies, and %s "
+                        "scales them (rope_freqs.weight or linear rope scaling)",
+                        s->model->path);
     return KVS_OK;
 }
 

@@ -479,18 +479,35 @@ static kvs_status parse_tensor_info(parser *p, uint64_t i)
         const char *known = ggml_type_name(type);
         if (known)
             return pfail(p, KVS_ERR_UNSUPPORTED, "tensor type %u (%s) is not supported "
-                         "(supported: f32, f16, bf16, q8_0, q4_0)", type, known);
+                         "(supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, "
+                         "q4_K, q5_K, q6_K, iq4_nl)", type, known);
         return pfail(p, KVS_ERR_UNSUPPORTED, "unknown tensor type id %u", type);
     }
     t->type = (kvs_dtype)type;
     size_t block = kvs_dtype_block_elems(t->type);
     if (t->dims[0] % block != 0)
         return pfail(p, KVS_ERR_FORMAT, "dims[0] = %llu is not a multiple of the %s block size "
-                     "%zu", (ull)t->dims[0], kvs_dtype_name(t->type), block);
+                     "%zu%s", (ull)t->dims[0], kvs_dtype_name(t->type), block,
+                     kvs_dtype_is_kquant(t->type) ? " (a K-quant row is a whole number of "
+                     "super-blocks of 256)" : "");
     if (kvs_dtype_bytes(t->type, n, &t->n_bytes) != 0)
         return pfail(p, KVS_ERR_FORMAT, "byte size of %llu %s elements overflows", (ull)n,
                      kvs_dtype_name(t->type));
     return get_u64(p, "data offset", &t->offset);
+}
+
+/* "q4_K [256, 2048] is 294912 bytes": the byte size a tensor's stated type and dimensions give,
+ * for the messages about data that does not fit the file. */
+static const char *shape_text(const kvs_gguf_tensor *t, char *buf, size_t size)
+{
+    char dims[100] = "";
+    int n = 0;
+    for (uint32_t d = 0; d < t->n_dims && n >= 0 && (size_t)n < sizeof dims; d++)
+        n += snprintf(dims + n, sizeof dims - (size_t)n, "%s%llu", d ? ", " : "",
+                      (ull)t->dims[d]);
+    snprintf(buf, size, "%s [%s] is %llu bytes", kvs_dtype_name(t->type), dims,
+             (ull)t->n_bytes);
+    return buf;
 }
 
 static int cmp_offset(const void *a, const void *b)
@@ -522,10 +539,14 @@ static kvs_status parse_tensors(parser *p)
         if (t->offset % a != 0)
             return pfail(p, KVS_ERR_FORMAT, "data offset %llu is not a multiple of the alignment "
                          "%u", (ull)t->offset, g->alignment);
-        if (t->offset > data_size || t->n_bytes > data_size - t->offset)
+        if (t->offset > data_size || t->n_bytes > data_size - t->offset) {
+            char shape[160];
             return pfail(p, KVS_ERR_FORMAT, "data [offset %llu, %llu bytes] extends past end of "
-                         "file (size %llu, data section at %llu)", (ull)t->offset,
-                         (ull)t->n_bytes, (ull)g->size, (ull)g->data_start);
+                         "file (size %llu, data section at %llu); %s: the file is truncated, or "
+                         "the stated type or dimensions do not match the data", (ull)t->offset,
+                         (ull)t->n_bytes, (ull)g->size, (ull)g->data_start,
+                         shape_text(t, shape, sizeof shape));
+        }
         t->data = g->map + g->data_start + t->offset;
     }
     p->ctx[0] = '\0';
@@ -538,11 +559,23 @@ static kvs_status parse_tensors(parser *p)
     st = KVS_OK;
     for (uint64_t i = 1; i < g->n_tensors && st == KVS_OK; i++) {
         const kvs_gguf_tensor *x = order[i - 1], *y = order[i];
+        char shape[160];
         if (x->n_bytes > y->offset - x->offset)
             st = pfail(p, KVS_ERR_FORMAT, "tensor '%.100s': data [offset %llu, %llu bytes] "
-                       "overlaps tensor '%.100s' [offset %llu, %llu bytes]", x->name,
+                       "overlaps tensor '%.100s' [offset %llu, %llu bytes]; %s: the stated type "
+                       "or dimensions do not match the data, or an offset is wrong", x->name,
                        (ull)x->offset, (ull)x->n_bytes, y->name, (ull)y->offset,
-                       (ull)y->n_bytes);
+                       (ull)y->n_bytes, shape_text(x, shape, sizeof shape));
+        /* GGUF writers (GGML's, gguf-py, kvslim's) store the tensors back to back, each padded
+         * to the alignment, and GGML's reader requires exactly that. A longer gap means that the
+         * stated type or shape gives fewer bytes than the writer stored. */
+        else if (y->offset - x->offset - x->n_bytes >= a)
+            st = pfail(p, KVS_ERR_FORMAT, "tensor '%.100s': data [offset %llu, %llu bytes] ends "
+                       "%llu bytes before the next tensor '%.100s' (at offset %llu), more than the "
+                       "padding to the alignment %u; %s: the stated type or dimensions do not "
+                       "match the data", x->name, (ull)x->offset,
+                       (ull)x->n_bytes, (ull)(y->offset - x->offset - x->n_bytes), y->name,
+                       (ull)y->offset, g->alignment, shape_text(x, shape, sizeof shape));
     }
     free(order);
     return st;

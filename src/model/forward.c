@@ -75,6 +75,49 @@ static void add_rows(float *x, const float *d, size_t n)
         x[i] += d[i];
 }
 
+/* x[i] += bias for each of n rows of width w. */
+static void add_bias(float *x, const float *bias, int n, int w)
+{
+    for (int i = 0; i < n; i++)
+        add_rows(x + (size_t)i * w, bias, (size_t)w);
+}
+
+/* RMSNorm of each of n_heads heads of vec by the same head_dim weights (qwen3's Q/K norm). */
+static void head_norm(float *vec, const float *w, int n_heads, int head_dim, float eps)
+{
+    for (int h = 0; h < n_heads; h++)
+        kvs_rmsnorm(vec + (size_t)h * head_dim, vec + (size_t)h * head_dim, w, head_dim, eps);
+}
+
+/* RoPE of n_heads heads of vec at position pos. Pair i turns by
+ * pos * base^(-2i/rot_dim) / rope_div[i]; without divisors this is exactly kvs_rope. With
+ * them, the angles are formed as llama.cpp forms them (theta_0 = pos, then theta_i+1 =
+ * theta_i * base^(-2/rot_dim) in float), which follows its rounding: on the llama3-f32 golden
+ * logits, 3e-5 instead of the 7e-5 of base^(-2i/rot_dim) per pair (and 6e-5 in double). */
+static void rope(const struct kvs_model *m, float *vec, int n_heads, int pos)
+{
+    const kvs_hparams *hp = &m->hp;
+    if (!m->rope_div) {
+        kvs_rope(vec, n_heads, hp->head_dim, hp->rot_dim, pos, hp->rope_base, hp->rope_neox);
+        return;
+    }
+    const int half = hp->rot_dim / 2;
+    const float step = powf(hp->rope_base, -2.0f / (float)hp->rot_dim);
+    float theta = (float)pos;
+    for (int i = 0; i < half; i++, theta *= step) {
+        const float angle = theta / m->rope_div[i];
+        const float c = cosf(angle), s = sinf(angle);
+        /* NORM pairs (2i, 2i+1); NEOX pairs (i, i + rot_dim/2) */
+        const int i0 = hp->rope_neox ? i : 2 * i, i1 = hp->rope_neox ? i + half : 2 * i + 1;
+        for (int h = 0; h < n_heads; h++) {
+            float *v = vec + (size_t)h * hp->head_dim;
+            const float a = v[i0], b = v[i1];
+            v[i0] = a * c - b * s;
+            v[i1] = a * s + b * c;
+        }
+    }
+}
+
 /* NaN or inf logits (NaN weights, an overflowing activation) would otherwise pass silently:
  * sampling reads NaN as -inf and every comparison against them looks perfect. One pass over
  * the vocabulary per row, negligible next to the output matmul. */
@@ -103,7 +146,8 @@ kvs_status kvs_forward(const struct kvs_model *m, kvs_pool *pool, kvs_kv *kv,
                        int all_logits, kvs_error *err)
 {
     const kvs_hparams *hp = &m->hp;
-    const int dim = hp->dim;
+    const int dim = hp->dim, q_dim = hp->n_heads * hp->head_dim,
+              kv_dim = hp->n_kv_heads * hp->head_dim;
     if (n <= 0 || n > b->cap)
         return kvs_fail(err, KVS_ERR_ARG, "batch of %d tokens (capacity %d)", n, b->cap);
     for (int i = 0; i < n; i++) {
@@ -119,16 +163,26 @@ kvs_status kvs_forward(const struct kvs_model *m, kvs_pool *pool, kvs_kv *kv,
         for (int i = 0; i < n; i++)
             kvs_rmsnorm(b->xb + (size_t)i * dim, b->x + (size_t)i * dim, L->attn_norm, dim,
                         hp->eps);
+        /* Q, K, V: projections (plus biases), per-head norms, RoPE; the kv layer gets the
+         * post-RoPE keys whatever the architecture. */
         kvs_status st;
         if ((st = matmul(pool, b->q, b->xb, &L->wq, n, l, "attn_q", err)) != KVS_OK ||
             (st = matmul(pool, b->k, b->xb, &L->wk, n, l, "attn_k", err)) != KVS_OK ||
             (st = matmul(pool, b->v, b->xb, &L->wv, n, l, "attn_v", err)) != KVS_OK)
             return st;
+        if (L->bq) {
+            add_bias(b->q, L->bq, n, q_dim);
+            add_bias(b->k, L->bk, n, kv_dim);
+            add_bias(b->v, L->bv, n, kv_dim);
+        }
         for (int i = 0; i < n; i++) {
-            kvs_rope(b->q + (size_t)i * L->wq.rows, hp->n_heads, hp->head_dim, hp->rot_dim,
-                     b->pos[i], hp->rope_base, hp->rope_neox);
-            kvs_rope(b->k + (size_t)i * L->wk.rows, hp->n_kv_heads, hp->head_dim, hp->rot_dim,
-                     b->pos[i], hp->rope_base, hp->rope_neox);
+            float *q = b->q + (size_t)i * q_dim, *k = b->k + (size_t)i * kv_dim;
+            if (L->q_norm) {
+                head_norm(q, L->q_norm, hp->n_heads, hp->head_dim, hp->eps);
+                head_norm(k, L->k_norm, hp->n_kv_heads, hp->head_dim, hp->eps);
+            }
+            rope(m, q, hp->n_heads, b->pos[i]);
+            rope(m, k, hp->n_kv_heads, b->pos[i]);
         }
         if ((st = kvs_kv_layer(kv, pool, l, n, b->q, b->k, b->v, b->pos, b->att, err)) != KVS_OK ||
             (st = matmul(pool, b->xb, b->att, &L->wo, n, l, "attn_output", err)) != KVS_OK)

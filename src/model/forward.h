@@ -1,5 +1,6 @@
-/* The Llama forward pass over a batch of tokens. It computes Q/K/V, hands post-RoPE K/V to the
- * kv layer and asks it for attention; it never touches KV memory itself. */
+/* The Llama-family forward pass over a batch of tokens (llama, qwen2, qwen3: model/llama.h). It
+ * computes Q/K/V (with the architecture's biases and per-head norms), hands post-RoPE K/V to
+ * the kv layer and asks it for attention; it never touches KV memory itself. */
 #ifndef KVS_FORWARD_H
 #define KVS_FORWARD_H
 

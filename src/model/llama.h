@@ -1,7 +1,13 @@
-/* A Llama-architecture model: hyperparameters and weight views, loaded from a GGUF file. */
+/* A Llama-family model: hyperparameters and weight views, loaded from a GGUF file whose
+ * general.architecture is llama (Llama 1-3, Mistral), qwen2 or qwen3. All three share the
+ * Llama block (RMSNorm, RoPE, GQA attention, SwiGLU); what differs is optional per block:
+ * Q/K/V biases (qwen2), per-head Q/K RMSNorm (qwen3), the RoPE pairing (NORM: adjacent pairs,
+ * llama; NEOX: halves, qwen2/qwen3), per-pair RoPE frequency divisors (Llama-3's
+ * rope_freqs.weight, linear rope scaling) and a head width that need not be dim / n_heads. */
 #ifndef KVS_LLAMA_H
 #define KVS_LLAMA_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/dtype.h"
@@ -15,7 +21,7 @@ typedef struct kvs_hparams {
     int n_layers;
     int n_heads;
     int n_kv_heads;
-    int head_dim;
+    int head_dim;   /* attention.key_length, else dim / n_heads; Q is n_heads * head_dim wide */
     int rot_dim;    /* dims of each head that RoPE rotates */
     int vocab;
     int ctx;        /* trained context length */
@@ -35,6 +41,8 @@ typedef struct kvs_weight {
 typedef struct kvs_layer {
     const float *attn_norm;
     kvs_weight wq, wk, wv, wo;
+    const float *bq, *bk, *bv;     /* Q/K/V biases (n_heads / n_kv_heads * head_dim), or NULL */
+    const float *q_norm, *k_norm;  /* per-head Q/K RMSNorm weights (head_dim), or NULL */
     const float *ffn_norm;
     kvs_weight w_gate, w_up, w_down;
 } kvs_layer;
@@ -42,7 +50,12 @@ typedef struct kvs_layer {
 struct kvs_model {
     kvs_gguf *gguf;          /* owns the mapping the weights point into */
     char *path;
+    const char *arch;        /* general.architecture: "llama", "qwen2" or "qwen3" */
     kvs_hparams hp;
+    /* RoPE pair i of every head turns by pos * rope_base^(-2i/rot_dim) / rope_div[i]
+     * (rot_dim / 2 divisors: Llama-3's rope_freqs.weight times a linear scaling factor), or
+     * by pos * rope_base^(-2i/rot_dim) when NULL. */
+    float *rope_div;
     kvs_weight tok_embd;     /* vocab rows of dim */
     const float *output_norm;
     kvs_weight output;       /* vocab rows of dim; the embedding when tied */
@@ -52,11 +65,19 @@ struct kvs_model {
     int64_t n_params;
 };
 
-/* Validates the llama metadata and every tensor's presence, type and shape; errors name the
+/* Validates the metadata and every tensor's presence, type and shape; errors name the
  * key or tensor. Takes ownership of g on success and on failure. */
 kvs_status kvs_llama_from_gguf(kvs_gguf *g, const char *path, struct kvs_model **out,
                                kvs_error *err);
 void kvs_llama_free(struct kvs_model *m);
+/* What m computes beyond the plain Llama block of llama2.c (queries n_embd wide, no biases, no
+ * Q/K norms, unscaled RoPE): a comma-separated description into buf (size > 0), "" if nothing.
+ * Returns the number of such features. */
+int kvs_llama_extras(const struct kvs_model *m, char *buf, size_t size);
+/* KVS_OK if m is a plain Llama block (kvs_llama_extras finds nothing); else
+ * KVS_ERR_UNSUPPORTED with a message saying that `engine` does not implement the features
+ * found, naming the file and its architecture. For engines that implement only that block. */
+kvs_status kvs_llama_check_plain(const struct kvs_model *m, const char *engine, kvs_error *err);
 /* 1 if path looks like a llama2.c checkpoint: seven plausible int32 header fields (dim, hidden,
  * layers, heads, kv_heads, vocab (negative: unshared classifier), seq_len) and a file size that
  * matches them exactly. Used to turn "bad magic" into advice to convert. */

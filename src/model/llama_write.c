@@ -81,6 +81,7 @@ static int file_type_id(kvs_dtype t)
     case KVS_Q4_0: return 2;
     case KVS_Q8_0: return 7;
     case KVS_BF16: return 32;
+    default: break; /* types kvslim reads but does not write */
     }
     return 0;
 }

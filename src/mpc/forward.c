@@ -93,11 +93,15 @@ kvs_status kvs_mpc_llama_setup(kvs_mpc *m, const struct kvs_model *model,
     out->s = *s;
     if (m->role == KVS_MPC_P1 && !model)
         return kvs_fail(err, KVS_ERR_ARG, "party 1 needs the model");
+    kvs_status st;
+    if (m->role == KVS_MPC_P1 &&
+        (st = kvs_llama_check_plain(model, "the two-party engine", err)) != KVS_OK)
+        return st;
     if (!(out->layers = calloc((size_t)s->n_layers, sizeof *out->layers)))
         return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for %d layers", s->n_layers);
     const size_t dim = (size_t)s->dim, kvd = (size_t)s->n_kv_heads * s->head_dim;
     const size_t hid = (size_t)s->hidden;
-    kvs_status st = embedding(m, model, s, &out->emb, err);
+    st = embedding(m, model, s, &out->emb, err);
     for (int l = 0; l < s->n_layers && st == KVS_OK; l++) {
         const kvs_layer *L = model && m->role == KVS_MPC_P1 ? &model->layers[l] : NULL;
         kvs_mpc_layer *o = &out->layers[l];

@@ -56,6 +56,9 @@ kvs_status kvs_fx_llama_new(const struct kvs_model *model, int frac, const kvs_m
     *out = NULL;
     if (frac < 6 || frac > 18)
         return kvs_fail(err, KVS_ERR_ARG, "frac=%d: the gates take 6 to 18 fraction bits", frac);
+    kvs_status plain = kvs_llama_check_plain(model, "the fixed-point emulator", err);
+    if (plain != KVS_OK)
+        return plain;
     if (cfg && cfg->mode == KVS_MPC_KV_CLUSTER && cfg->mp.sim != KVS_MP_SIM_LINEAR)
         return kvs_fail(err, KVS_ERR_ARG, "the emulator scores clusters by the linear bound "
                         "only (sim=linear)");

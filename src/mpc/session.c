@@ -553,6 +553,8 @@ kvs_status kvs_mpc_session_run(const kvs_mpc_session_cfg *cfg, kvs_mpc_session_r
     memset(own_seed, 0, sizeof own_seed);
     if (cfg->role == KVS_MPC_P1)
         kvs_mpc_shape_of(cfg->model, &shape);
+    if (st == KVS_OK && cfg->role == KVS_MPC_P1) /* before any connection: fail clearly */
+        st = kvs_llama_check_plain(cfg->model, "the two-party engine", err);
     if (st == KVS_OK)
         st = connect_all(cfg, &m, err);
     if (st == KVS_OK)

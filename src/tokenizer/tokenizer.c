@@ -1,10 +1,17 @@
-/* SentencePiece-style BPE tokenizer with byte fallback (the llama vocabulary model).
+/* Tokenizer front end and SentencePiece-style BPE with byte fallback; byte-level BPE in bpe.c.
+ *
+ * Two vocabulary models: "llama" (SentencePiece BPE, scores, byte fallback) and "gpt2" (byte-level
+ * BPE with merges and a regex pre-tokenizer, bpe.c and pretok.c); both load from GGUF.
  *
  * Storage: all pieces live in one arena (NUL-terminated, GGUF convention with U+2581 for spaces);
  * a second arena holds the decoded text of every token so kvs_tokenizer_decode never allocates.
  * Piece lookup during encoding uses an open-addressing hash table that only holds NORMAL and
  * USER_DEFINED tokens, so user text can never turn into control, unknown or byte tokens through
- * merging; byte-fallback ids are found through a 256-entry table built from the BYTE tokens. */
+ * merging; byte-fallback ids are found through a 256-entry table built from the BYTE tokens.
+ * A byte-level BPE vocabulary's table holds every token (merges and pieces may name any), its
+ * pieces are stored as in the file (GPT-2 byte symbols, e.g. "\xc4\xa0the" for " the"), and
+ * its user-defined, control and unknown tokens are also kept in a list by decreasing length,
+ * for matching them in the raw text before pre-tokenization. */
 #include "tokenizer/tokenizer.h"
 
 #include <errno.h>
@@ -15,13 +22,24 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "tokenizer/bpe.h"
+#include "tokenizer/pretok.h"
+
 #define SPACE_MARK "\xe2\x96\x81" /* U+2581, SentencePiece's visible space */
 #define SPACE_MARK_LEN 3
 #define MAX_PIECE_BYTES (1u << 24)
 
+enum { KIND_SPM = 0, KIND_BPE = 1 };
+
 struct kvs_tokenizer {
     int n;
-    int bos, eos, unk;
+    int kind;             /* KIND_SPM or KIND_BPE */
+    int bos, eos, unk;    /* -1 = none (only possible for BPE) */
+    int add_bos;          /* tokenizer.ggml.add_bos_token (SentencePiece default 1, BPE 0) */
+    int has_scores;       /* BPE: the file had tokenizer.ggml.scores (written back if so) */
+    kvs_bpe *bpe;         /* BPE only */
+    int32_t *special;     /* BPE only: user-defined/control/unknown ids, longest text first */
+    int n_special;
     char *pieces;         /* arena of NUL-terminated pieces */
     size_t *piece_off;
     uint32_t *piece_len;
@@ -82,6 +100,8 @@ static int sb_append_spaces_to_mark(strbuf *b, const char *s, size_t len)
     return 0;
 }
 
+static int utf8_len(const unsigned char *s, size_t n);
+
 static uint32_t hash_bytes(const char *s, size_t len)
 {
     uint32_t h = 2166136261u; /* FNV-1a */
@@ -136,6 +156,8 @@ void kvs_tokenizer_free(kvs_tokenizer *t)
     free(t->dec_off);
     free(t->dec_len);
     free(t->table);
+    kvs_bpe_free(t->bpe);
+    free(t->special);
     free(t);
 }
 
@@ -145,6 +167,7 @@ static kvs_tokenizer *tok_alloc(int n)
     kvs_tokenizer *t = calloc(1, sizeof *t);
     if (!t) return NULL;
     t->n = n;
+    t->add_bos = 1;
     size_t un = (size_t)n;
     t->piece_off = malloc(un * sizeof *t->piece_off);
     t->piece_len = malloc(un * sizeof *t->piece_len);
@@ -220,38 +243,42 @@ static kvs_status tok_finish(kvs_tokenizer *t, const char *what, kvs_error *err)
             break;
         case KVS_TOKEN_NORMAL:
         case KVS_TOKEN_USER_DEFINED:
-        case KVS_TOKEN_UNKNOWN: {
-            /* U+2581 -> ' ' */
+        case KVS_TOKEN_UNKNOWN:
             if (sb_reserve(&dec, len)) {
                 rc = -1;
                 break;
             }
-            for (uint32_t i = 0; i < len;) {
-                if (i + SPACE_MARK_LEN <= len && memcmp(p + i, SPACE_MARK, SPACE_MARK_LEN) == 0) {
-                    dec.p[dec.n++] = ' ';
-                    i += SPACE_MARK_LEN;
-                } else {
-                    dec.p[dec.n++] = p[i++];
+            if (t->kind == KIND_BPE && type == KVS_TOKEN_NORMAL) {
+                /* GPT-2 byte symbols -> bytes (a code point outside the mapping stays as is) */
+                for (uint32_t i = 0; i < len;) {
+                    int cl = utf8_len((const unsigned char *)p + i, len - i);
+                    int b = -1;
+                    if (cl == 2)
+                        b = kvs_bpe_cpt_byte(((uint32_t)(p[i] & 0x1F) << 6) | (p[i + 1] & 0x3F));
+                    else if (cl == 1)
+                        b = kvs_bpe_cpt_byte((unsigned char)p[i]);
+                    if (cl < 1) cl = 1;
+                    if (b >= 0) dec.p[dec.n++] = (char)b;
+                    else
+                        for (int k = 0; k < cl; k++) dec.p[dec.n++] = p[i + (uint32_t)k];
+                    i += (uint32_t)cl;
+                }
+            } else if (t->kind == KIND_BPE) { /* user-defined and unknown: the text as stored */
+                memcpy(dec.p + dec.n, p, len);
+                dec.n += len;
+            } else { /* U+2581 -> ' ' */
+                for (uint32_t i = 0; i < len;) {
+                    if (i + SPACE_MARK_LEN <= len &&
+                        memcmp(p + i, SPACE_MARK, SPACE_MARK_LEN) == 0) {
+                        dec.p[dec.n++] = ' ';
+                        i += SPACE_MARK_LEN;
+                    } else {
+                        dec.p[dec.n++] = p[i++];
+                    }
                 }
             }
             dec.p[dec.n] = '\0';
-            if (type != KVS_TOKEN_UNKNOWN) {
-                /* first id wins for duplicate pieces */
-                uint32_t h = hash_bytes(p, len) & t->mask;
-                int dup = 0;
-                while (t->table[h] >= 0) {
-                    int32_t o = t->table[h];
-                    if (t->piece_len[o] == len && memcmp(piece_ptr(t, o), p, len) == 0) {
-                        dup = 1;
-                        break;
-                    }
-                    h = (h + 1) & t->mask;
-                }
-                if (!dup) t->table[h] = id;
-                if (len > t->max_merge_len) t->max_merge_len = len;
-            }
             break;
-        }
         default:
             free(dec.p);
             return kvs_fail(err, KVS_ERR_FORMAT, "%s: token %d has invalid token type %d", what,
@@ -260,6 +287,21 @@ static kvs_status tok_finish(kvs_tokenizer *t, const char *what, kvs_error *err)
         if (rc) {
             free(dec.p);
             return kvs_fail(err, KVS_ERR_NOMEM, "%s: out of memory", what);
+        }
+        if (t->kind == KIND_BPE || type == KVS_TOKEN_NORMAL || type == KVS_TOKEN_USER_DEFINED) {
+            /* first id wins for duplicate pieces */
+            uint32_t h = hash_bytes(p, len) & t->mask;
+            int dup = 0;
+            while (t->table[h] >= 0) {
+                int32_t o = t->table[h];
+                if (t->piece_len[o] == len && memcmp(piece_ptr(t, o), p, len) == 0) {
+                    dup = 1;
+                    break;
+                }
+                h = (h + 1) & t->mask;
+            }
+            if (!dup) t->table[h] = id;
+            if (len > t->max_merge_len) t->max_merge_len = len;
         }
         /* every branch left dec allocated with a NUL at dec.p[dec.n]: keep it */
         t->dec_len[id] = (uint32_t)(dec.n - t->dec_off[id]);
@@ -465,19 +507,15 @@ kvs_status kvs_tokenizer_load_llama2c(const char *path, kvs_tokenizer **out, kvs
 /* ---------- GGUF ---------- */
 
 #define K_MODEL "tokenizer.ggml.model"
+#define K_PRE "tokenizer.ggml.pre"
 #define K_TOKENS "tokenizer.ggml.tokens"
 #define K_SCORES "tokenizer.ggml.scores"
 #define K_TYPES "tokenizer.ggml.token_type"
+#define K_MERGES "tokenizer.ggml.merges"
 #define K_BOS "tokenizer.ggml.bos_token_id"
 #define K_EOS "tokenizer.ggml.eos_token_id"
 #define K_UNK "tokenizer.ggml.unknown_token_id"
-
-static const char *gguf_type_name(kvs_gguf_type t)
-{
-    static const char *names[] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32",
-                                  "bool", "string", "array", "u64", "i64", "f64"};
-    return (unsigned)t < sizeof names / sizeof *names ? names[t] : "invalid";
-}
+#define K_ADD_BOS "tokenizer.ggml.add_bos_token"
 
 static kvs_status get_array(const kvs_gguf *g, const char *key, kvs_gguf_type want, uint64_t *n,
                             kvs_error *err)
@@ -490,20 +528,56 @@ static kvs_status get_array(const kvs_gguf *g, const char *key, kvs_gguf_type wa
     if (et != want)
         return kvs_fail(err, KVS_ERR_FORMAT,
                         "tokenizer: key %s: array of %s, expected an array of %s", key,
-                        gguf_type_name(et), gguf_type_name(want));
+                        kvs_gguf_type_name(et), kvs_gguf_type_name(want));
     return KVS_OK;
 }
 
+/* Reads an optional token id key; *id is left as is when the key is absent. */
 static kvs_status get_id(const kvs_gguf *g, const char *key, int n, int *id, kvs_error *err)
 {
-    uint32_t v = (uint32_t)*id;
-    kvs_status s = kvs_gguf_get_u32_opt(g, key, &v, err);
+    if (kvs_gguf_find_key(g, key) < 0) return KVS_OK;
+    uint32_t v = 0;
+    kvs_status s = kvs_gguf_get_u32(g, key, &v, err);
     if (s) return s;
     if (v >= (uint32_t)n)
         return kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: key %s: token id %u out of range (vocab %d)",
                         key, v, n);
     *id = (int)v;
     return KVS_OK;
+}
+
+static int cmp_special(const void *a, const void *b, void *ctx);
+
+/* The user-defined, control and unknown tokens of a BPE vocabulary, longest text first (ties:
+ * lower id first), for matching them in the raw text. */
+static kvs_status build_special(kvs_tokenizer *t, kvs_error *err)
+{
+    int n = 0;
+    for (int i = 0; i < t->n; i++) {
+        int ty = t->types[i];
+        if ((ty == KVS_TOKEN_USER_DEFINED || ty == KVS_TOKEN_CONTROL || ty == KVS_TOKEN_UNKNOWN) &&
+            t->piece_len[i] > 0)
+            n++;
+    }
+    t->special = malloc((size_t)(n ? n : 1) * sizeof *t->special);
+    if (!t->special) return kvs_fail(err, KVS_ERR_NOMEM, "tokenizer: out of memory");
+    t->n_special = 0;
+    for (int i = 0; i < t->n; i++) {
+        int ty = t->types[i];
+        if ((ty == KVS_TOKEN_USER_DEFINED || ty == KVS_TOKEN_CONTROL || ty == KVS_TOKEN_UNKNOWN) &&
+            t->piece_len[i] > 0)
+            t->special[t->n_special++] = i;
+    }
+    qsort_r(t->special, (size_t)t->n_special, sizeof *t->special, cmp_special, t);
+    return KVS_OK;
+}
+
+static int cmp_special(const void *a, const void *b, void *ctx)
+{
+    const kvs_tokenizer *t = ctx;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    if (t->piece_len[x] != t->piece_len[y]) return t->piece_len[x] > t->piece_len[y] ? -1 : 1;
+    return (x > y) - (x < y);
 }
 
 kvs_status kvs_tokenizer_from_gguf(const kvs_gguf *g, kvs_tokenizer **out, kvs_error *err)
@@ -516,34 +590,75 @@ kvs_status kvs_tokenizer_from_gguf(const kvs_gguf *g, kvs_tokenizer **out, kvs_e
         return kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: missing key %s", K_MODEL);
     kvs_status s = kvs_gguf_get_str(g, K_MODEL, &model, err);
     if (s) return s;
-    if (model.len != 5 || memcmp(model.data, "llama", 5) != 0)
+    int kind;
+    if (model.len == 5 && memcmp(model.data, "llama", 5) == 0)
+        kind = KIND_SPM;
+    else if (model.len == 4 && memcmp(model.data, "gpt2", 4) == 0)
+        kind = KIND_BPE;
+    else
         return kvs_fail(err, KVS_ERR_UNSUPPORTED,
-                        "tokenizer: key %s is \"%.*s\": only the \"llama\" (SentencePiece BPE) "
-                        "vocabulary is supported",
+                        "tokenizer: key %s is \"%.*s\": the supported vocabularies are \"llama\" "
+                        "(SentencePiece BPE) and \"gpt2\" (byte-level BPE)",
                         K_MODEL, (int)(model.len > 64 ? 64 : model.len), model.data);
 
-    uint64_t n_tok, n_sc, n_ty;
-    if ((s = get_array(g, K_TOKENS, KVS_GGUF_STRING, &n_tok, err))) return s;
-    if ((s = get_array(g, K_SCORES, KVS_GGUF_FLOAT32, &n_sc, err))) return s;
-    if ((s = get_array(g, K_TYPES, KVS_GGUF_INT32, &n_ty, err))) return s;
-    if (n_tok == 0) return kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: key %s is empty", K_TOKENS);
-    if (n_tok > INT32_MAX / 2)
-        return kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: key %s has too many tokens (%llu)",
-                        K_TOKENS, (unsigned long long)n_tok);
-    if (n_sc != n_tok)
-        return kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: key %s has %llu entries but %s has %llu",
-                        K_SCORES, (unsigned long long)n_sc, K_TOKENS, (unsigned long long)n_tok);
-    if (n_ty != n_tok)
-        return kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: key %s has %llu entries but %s has %llu",
-                        K_TYPES, (unsigned long long)n_ty, K_TOKENS, (unsigned long long)n_tok);
-    const unsigned char *sc = kvs_gguf_arr_data(g, K_SCORES);
-    const unsigned char *ty = kvs_gguf_arr_data(g, K_TYPES);
-    if (!sc || !ty)
-        return kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: cannot read the data of %s", !sc ? K_SCORES : K_TYPES);
+    /* The pre-tokenizer first, so that an unsupported one is reported before the vocabulary is
+     * read. Without the key a BPE vocabulary gets the "default" list, as llama.cpp does (it logs
+     * "missing pre-tokenizer type, using: 'default'"; kvslim has no log hook, so this is
+     * silent). */
+    kvs_pretok *pre = NULL;
+    if (kind == KIND_BPE) {
+        const char *pname = "default";
+        size_t plen = 7;
+        if (kvs_gguf_find_key(g, K_PRE) >= 0) {
+            kvs_gguf_str ps;
+            if ((s = kvs_gguf_get_str(g, K_PRE, &ps, err))) return s;
+            pname = ps.data;
+            plen = (size_t)ps.len;
+        }
+        if ((s = kvs_pretok_new(pname, plen, &pre, err))) return s;
+    }
+
+    uint64_t n_tok, n_sc = 0, n_ty;
+    int has_scores = kind == KIND_SPM || kvs_gguf_find_key(g, K_SCORES) >= 0;
+    const unsigned char *sc = NULL, *ty = NULL;
+    if ((s = get_array(g, K_TOKENS, KVS_GGUF_STRING, &n_tok, err))) goto fail_pre;
+    if (has_scores && (s = get_array(g, K_SCORES, KVS_GGUF_FLOAT32, &n_sc, err))) goto fail_pre;
+    if ((s = get_array(g, K_TYPES, KVS_GGUF_INT32, &n_ty, err))) goto fail_pre;
+    if (n_tok == 0) {
+        s = kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: key %s is empty", K_TOKENS);
+        goto fail_pre;
+    }
+    if (n_tok > INT32_MAX / 2) {
+        s = kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: key %s has too many tokens (%llu)", K_TOKENS,
+                     (unsigned long long)n_tok);
+        goto fail_pre;
+    }
+    if (has_scores && n_sc != n_tok) {
+        s = kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: key %s has %llu entries but %s has %llu",
+                     K_SCORES, (unsigned long long)n_sc, K_TOKENS, (unsigned long long)n_tok);
+        goto fail_pre;
+    }
+    if (n_ty != n_tok) {
+        s = kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: key %s has %llu entries but %s has %llu",
+                     K_TYPES, (unsigned long long)n_ty, K_TOKENS, (unsigned long long)n_tok);
+        goto fail_pre;
+    }
+    if (has_scores) sc = kvs_gguf_arr_data(g, K_SCORES);
+    ty = kvs_gguf_arr_data(g, K_TYPES);
+    if ((has_scores && !sc) || !ty) {
+        s = kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: cannot read the data of %s",
+                     !ty ? K_TYPES : K_SCORES);
+        goto fail_pre;
+    }
 
     int n = (int)n_tok;
     kvs_tokenizer *t = tok_alloc(n);
-    if (!t) return kvs_fail(err, KVS_ERR_NOMEM, "tokenizer: out of memory");
+    if (!t) {
+        s = kvs_fail(err, KVS_ERR_NOMEM, "tokenizer: out of memory");
+        goto fail_pre;
+    }
+    t->kind = kind;
+    t->has_scores = has_scores;
     strbuf arena = {0};
     for (int i = 0; i < n; i++) {
         kvs_gguf_str str;
@@ -560,7 +675,7 @@ kvs_status kvs_tokenizer_from_gguf(const kvs_gguf *g, kvs_tokenizer **out, kvs_e
             goto fail;
         }
         arena.n++; /* keep the NUL */
-        t->scores[i] = f32_from_bits(rd_le32(sc + 4 * (size_t)i));
+        t->scores[i] = sc ? f32_from_bits(rd_le32(sc + 4 * (size_t)i)) : 0.0f;
         int32_t type = (int32_t)rd_le32(ty + 4 * (size_t)i);
         if (type < KVS_TOKEN_NORMAL || type > KVS_TOKEN_BYTE) {
             s = kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: key %s: token %d has invalid type %d",
@@ -581,21 +696,88 @@ kvs_status kvs_tokenizer_from_gguf(const kvs_gguf *g, kvs_tokenizer **out, kvs_e
         goto fail;
     }
 
-    /* SentencePiece/llama defaults when the ids are absent */
-    t->unk = 0;
-    t->bos = n > 1 ? 1 : 0;
-    t->eos = n > 2 ? 2 : 0;
+    if (kind == KIND_SPM) { /* SentencePiece/llama defaults when the ids are absent */
+        t->unk = 0;
+        t->bos = n > 1 ? 1 : 0;
+        t->eos = n > 2 ? 2 : 0;
+        t->add_bos = 1;
+    } else { /* BPE: no defaults (llama.cpp's 11 is an artefact of one model) */
+        t->unk = t->bos = t->eos = -1;
+        t->add_bos = 0;
+    }
     if ((s = get_id(g, K_BOS, n, &t->bos, err))) goto fail;
     if ((s = get_id(g, K_EOS, n, &t->eos, err))) goto fail;
     if ((s = get_id(g, K_UNK, n, &t->unk, err))) goto fail;
+    if ((s = kvs_gguf_get_bool_opt(g, K_ADD_BOS, &t->add_bos, err))) goto fail;
     if ((s = tok_finish(t, "tokenizer: GGUF vocabulary (" K_TOKENS ", " K_TYPES ")", err))) goto fail;
+    if (kind == KIND_BPE) {
+        kvs_pretok *p = pre;
+        pre = NULL; /* kvs_bpe_new owns it now, even on failure */
+        if ((s = kvs_bpe_new(t, g, K_MERGES, p, &t->bpe, err))) goto fail;
+        if ((s = build_special(t, err))) goto fail;
+    }
     *out = t;
     return KVS_OK;
 
 fail:
     free(arena.p);
     kvs_tokenizer_free(t);
+fail_pre:
+    kvs_pretok_free(pre);
     return s;
+}
+
+kvs_status kvs_tokenizer_load_gguf(const char *path, kvs_tokenizer **out, kvs_error *err)
+{
+    if (out) *out = NULL;
+    if (!path || !out) return kvs_fail(err, KVS_ERR_ARG, "tokenizer: NULL path or output");
+    kvs_gguf *g = NULL;
+    kvs_status s = kvs_gguf_open(path, &g, err);
+    if (s) return s;
+    s = kvs_tokenizer_from_gguf(g, out, err);
+    kvs_gguf_close(g);
+    if (s && err) {
+        char tmp[sizeof err->msg];
+        memcpy(tmp, err->msg, sizeof tmp);
+        kvs_fail(err, s, "%s: %.400s", path, tmp);
+    }
+    return s;
+}
+
+/* The merges of a BPE vocabulary as "left right" strings. */
+static kvs_status bpe_merge_strings(const kvs_tokenizer *t, char ***out, size_t *n_out)
+{
+    uint32_t n = kvs_bpe_n_merges(t->bpe);
+    size_t total = 0;
+    for (uint32_t r = 0; r < n; r++) {
+        int32_t l, rt;
+        kvs_bpe_merge_at(t->bpe, r, &l, &rt);
+        total += (size_t)t->piece_len[l] + t->piece_len[rt] + 2;
+    }
+    char **v = malloc((n ? n : 1) * sizeof *v);
+    char *arena = malloc(total ? total : 1);
+    if (!v || !arena) {
+        free(v);
+        free(arena);
+        return KVS_ERR_NOMEM;
+    }
+    char *p = arena;
+    for (uint32_t r = 0; r < n; r++) {
+        int32_t l, rt;
+        kvs_bpe_merge_at(t->bpe, r, &l, &rt);
+        v[r] = p;
+        memcpy(p, piece_ptr(t, l), t->piece_len[l]);
+        p += t->piece_len[l];
+        *p++ = ' ';
+        memcpy(p, piece_ptr(t, rt), t->piece_len[rt]);
+        p += t->piece_len[rt];
+        *p++ = '\0';
+    }
+    /* v[0] == arena when n > 0: the caller frees v[0] (if n) and v */
+    if (n == 0) free(arena);
+    *out = v;
+    *n_out = n;
+    return KVS_OK;
 }
 
 kvs_status kvs_tokenizer_to_gguf(const kvs_tokenizer *t, kvs_gguf_writer *w)
@@ -605,13 +787,35 @@ kvs_status kvs_tokenizer_to_gguf(const kvs_tokenizer *t, kvs_gguf_writer *w)
     const char **v = malloc(n * sizeof *v);
     if (!v) return KVS_ERR_NOMEM;
     for (size_t i = 0; i < n; i++) v[i] = piece_ptr(t, (int)i);
-    kvs_status s = kvs_gguf_set_str(w, K_MODEL, "llama");
-    if (!s) s = kvs_gguf_set_arr_str(w, K_TOKENS, v, n);
-    if (!s) s = kvs_gguf_set_arr_f32(w, K_SCORES, t->scores, n);
-    if (!s) s = kvs_gguf_set_arr_i32(w, K_TYPES, t->types, n);
-    if (!s) s = kvs_gguf_set_u32(w, K_BOS, (uint32_t)t->bos);
-    if (!s) s = kvs_gguf_set_u32(w, K_EOS, (uint32_t)t->eos);
-    if (!s) s = kvs_gguf_set_u32(w, K_UNK, (uint32_t)t->unk);
+    kvs_status s;
+    if (t->kind == KIND_BPE) {
+        char **merges = NULL;
+        size_t nm = 0;
+        s = kvs_gguf_set_str(w, K_MODEL, "gpt2");
+        if (!s) s = kvs_gguf_set_str(w, K_PRE, kvs_pretok_name(kvs_bpe_pretok(t->bpe)));
+        if (!s) s = kvs_gguf_set_arr_str(w, K_TOKENS, v, n);
+        if (!s && t->has_scores) s = kvs_gguf_set_arr_f32(w, K_SCORES, t->scores, n);
+        if (!s) s = kvs_gguf_set_arr_i32(w, K_TYPES, t->types, n);
+        if (!s) s = bpe_merge_strings(t, &merges, &nm);
+        if (!s) s = kvs_gguf_set_arr_str(w, K_MERGES, (const char *const *)merges, nm);
+        if (merges) {
+            if (nm) free(merges[0]);
+            free(merges);
+        }
+        if (!s && t->bos >= 0) s = kvs_gguf_set_u32(w, K_BOS, (uint32_t)t->bos);
+        if (!s && t->eos >= 0) s = kvs_gguf_set_u32(w, K_EOS, (uint32_t)t->eos);
+        if (!s && t->unk >= 0) s = kvs_gguf_set_u32(w, K_UNK, (uint32_t)t->unk);
+        if (!s) s = kvs_gguf_set_bool(w, K_ADD_BOS, t->add_bos);
+    } else {
+        s = kvs_gguf_set_str(w, K_MODEL, "llama");
+        if (!s) s = kvs_gguf_set_arr_str(w, K_TOKENS, v, n);
+        if (!s) s = kvs_gguf_set_arr_f32(w, K_SCORES, t->scores, n);
+        if (!s) s = kvs_gguf_set_arr_i32(w, K_TYPES, t->types, n);
+        if (!s) s = kvs_gguf_set_u32(w, K_BOS, (uint32_t)t->bos);
+        if (!s) s = kvs_gguf_set_u32(w, K_EOS, (uint32_t)t->eos);
+        if (!s) s = kvs_gguf_set_u32(w, K_UNK, (uint32_t)t->unk);
+        if (!s && !t->add_bos) s = kvs_gguf_set_bool(w, K_ADD_BOS, 0);
+    }
     free(v);
     return s;
 }
@@ -640,6 +844,15 @@ int kvs_tokenizer_type(const kvs_tokenizer *t, int id)
     return t->types[id];
 }
 
+int kvs_tokenizer_unk(const kvs_tokenizer *t) { return t ? t->unk : -1; }
+int kvs_tokenizer_add_bos(const kvs_tokenizer *t) { return t ? t->add_bos : 0; }
+int kvs_tokenizer_is_bpe(const kvs_tokenizer *t) { return t && t->kind == KIND_BPE; }
+
+int32_t kvs_tokenizer_lookup(const kvs_tokenizer *t, const char *s, size_t len)
+{
+    return t && (s || !len) ? table_find(t, s, len) : -1;
+}
+
 int kvs_tokenizer_find(const kvs_tokenizer *t, const char *piece)
 {
     if (!t || !piece) return -1;
@@ -660,7 +873,7 @@ const char *kvs_tokenizer_decode(const kvs_tokenizer *t, int prev, int id, int *
     const char *p = t->dec + t->dec_off[id];
     int l = (int)t->dec_len[id];
     int type = t->types[id];
-    if (prev == t->bos && l > 0 && p[0] == ' ' && type != KVS_TOKEN_BYTE) {
+    if (t->kind == KIND_SPM && prev == t->bos && l > 0 && p[0] == ' ' && type != KVS_TOKEN_BYTE) {
         p++;
         l--;
     }
@@ -756,8 +969,8 @@ static int utf8_len(const unsigned char *s, size_t n)
     return len;
 }
 
-kvs_status kvs_tokenizer_encode(const kvs_tokenizer *t, const char *text, int add_bos,
-                                int32_t **ids, int *n_ids, kvs_error *err)
+static kvs_status encode_spm(const kvs_tokenizer *t, const char *text, int add_bos,
+                             int32_t **ids, int *n_ids, kvs_error *err)
 {
     if (ids) *ids = NULL;
     if (n_ids) *n_ids = 0;
@@ -859,3 +1072,157 @@ done:
     free(heap);
     return s;
 }
+
+/* ---------- byte-level BPE: added tokens, then pre-tokenizer and merges (bpe.c) ---------- */
+
+typedef struct {
+    int32_t id; /* a matched added token, or -1 for raw text */
+    size_t off, len;
+} frag;
+
+typedef struct {
+    frag *v;
+    size_t n, cap;
+} fragvec;
+
+static int frag_push(fragvec *f, int32_t id, size_t off, size_t len)
+{
+    if (f->n == f->cap) {
+        size_t cap = f->cap ? 2 * f->cap : 16;
+        frag *v = realloc(f->v, cap * sizeof *v);
+        if (!v) return -1;
+        f->v = v;
+        f->cap = cap;
+    }
+    f->v[f->n++] = (frag){id, off, len};
+    return 0;
+}
+
+/* As llama.cpp's tokenizer_st_partition: every added token, longest first, splits the raw
+ * fragments left by the longer ones at each of its occurrences (scanning left to right); the
+ * raw fragments between them are pre-tokenized and merged separately. User-defined tokens are
+ * always matched; control and unknown tokens only with parse_special. */
+static kvs_status encode_bpe(const kvs_tokenizer *t, const char *text, size_t tlen, int add_bos,
+                             int parse_special, kvs_idvec *out, kvs_error *err)
+{
+    kvs_status s = KVS_OK;
+    fragvec a = {0}, b = {0};
+    if (add_bos && kvs_idvec_push(out, t->bos)) goto nomem;
+    if (tlen == 0) return KVS_OK;
+    if (frag_push(&a, -1, 0, tlen)) goto nomem;
+    for (int k = 0; k < t->n_special; k++) {
+        int32_t id = t->special[k];
+        int type = t->types[id];
+        if (type != KVS_TOKEN_USER_DEFINED && !parse_special) continue;
+        const char *p = piece_ptr(t, id);
+        size_t pl = t->piece_len[id];
+        if (pl > tlen || !memmem(text, tlen, p, pl)) continue;
+        b.n = 0;
+        for (size_t i = 0; i < a.n; i++) {
+            frag f = a.v[i];
+            if (f.id >= 0) {
+                if (frag_push(&b, f.id, f.off, f.len)) goto nomem;
+                continue;
+            }
+            size_t pos = f.off, end = f.off + f.len;
+            while (end - pos >= pl) {
+                const char *q = memmem(text + pos, end - pos, p, pl);
+                if (!q) break;
+                size_t m = (size_t)(q - text);
+                if (m > pos && frag_push(&b, -1, pos, m - pos)) goto nomem;
+                if (frag_push(&b, id, m, pl)) goto nomem;
+                pos = m + pl;
+            }
+            if (pos < end && frag_push(&b, -1, pos, end - pos)) goto nomem;
+        }
+        fragvec tmp = a;
+        a = b;
+        b = tmp;
+    }
+    for (size_t i = 0; i < a.n && s == KVS_OK; i++) {
+        if (a.v[i].id >= 0) {
+            if (kvs_idvec_push(out, a.v[i].id)) goto nomem;
+        } else {
+            s = kvs_bpe_encode(t->bpe, t, text + a.v[i].off, a.v[i].len, out, err);
+        }
+    }
+    goto done;
+nomem:
+    s = kvs_fail(err, KVS_ERR_NOMEM, "out of memory tokenizing %zu bytes of text", tlen);
+done:
+    free(a.v);
+    free(b.v);
+    return s;
+}
+
+kvs_status kvs_tokenizer_encode_ex(const kvs_tokenizer *t, const char *text, int add_bos,
+                                   int parse_special, int32_t **ids, int *n_ids, kvs_error *err)
+{
+    if (ids) *ids = NULL;
+    if (n_ids) *n_ids = 0;
+    if (!t || !text || !ids || !n_ids)
+        return kvs_fail(err, KVS_ERR_ARG, "tokenize: the tokenizer, text or output is NULL");
+    add_bos = add_bos && t->add_bos && t->bos >= 0;
+    if (t->kind == KIND_SPM) return encode_spm(t, text, add_bos, ids, n_ids, err);
+
+    size_t tlen = strlen(text);
+    if (tlen > (size_t)(INT_MAX / 4))
+        return kvs_fail(err, KVS_ERR_ARG, "the text to tokenize is too long: %zu bytes (at most "
+                        "%d)", tlen, INT_MAX / 4);
+    /* Invalid UTF-8: every byte that is not part of a valid sequence becomes U+FFFD, as in
+     * llama.cpp (and as text decoded with replacement reaches the Hugging Face tokenizers).
+     * Keeping such bytes would make vocabularies differ: some have no token for them (falcon's
+     * 0xC0, 0xF5...), others have a user-defined token that means a character (DeepSeek's "ý"
+     * for 0xFD), which would decode to other bytes. */
+    char *clean = NULL;
+    const unsigned char *u = (const unsigned char *)text;
+    size_t bad = 0;
+    for (size_t i = 0; i < tlen;) {
+        int cl = utf8_len(u + i, tlen - i);
+        if (cl > 0) i += (size_t)cl;
+        else bad++, i++;
+    }
+    if (bad) {
+        if (bad > (size_t)(INT_MAX / 4) - tlen / 3)
+            return kvs_fail(err, KVS_ERR_ARG, "the text to tokenize is too long: %zu bytes with %zu "
+                            "invalid UTF-8 bytes", tlen, bad);
+        clean = malloc(tlen + 2 * bad + 1);
+        if (!clean)
+            return kvs_fail(err, KVS_ERR_NOMEM, "out of memory tokenizing %zu bytes of text", tlen);
+        size_t m = 0;
+        for (size_t i = 0; i < tlen;) {
+            int cl = utf8_len(u + i, tlen - i);
+            if (cl > 0) {
+                memcpy(clean + m, text + i, (size_t)cl);
+                m += (size_t)cl;
+                i += (size_t)cl;
+            } else {
+                memcpy(clean + m, "\xef\xbf\xbd", 3);
+                m += 3;
+                i++;
+            }
+        }
+        clean[m] = '\0';
+        text = clean;
+        tlen = m;
+    }
+    kvs_idvec v = {0};
+    kvs_status s = encode_bpe(t, text, tlen, add_bos, parse_special, &v, err);
+    free(clean);
+    if (s == KVS_OK && !v.v && !(v.v = malloc(sizeof *v.v)))
+        s = kvs_fail(err, KVS_ERR_NOMEM, "out of memory tokenizing %zu bytes of text", tlen);
+    if (s) {
+        free(v.v);
+        return s;
+    }
+    *ids = v.v;
+    *n_ids = (int)v.n;
+    return KVS_OK;
+}
+
+kvs_status kvs_tokenizer_encode(const kvs_tokenizer *t, const char *text, int add_bos,
+                                int32_t **ids, int *n_ids, kvs_error *err)
+{
+    return kvs_tokenizer_encode_ex(t, text, add_bos, 0, ids, n_ids, err);
+}
+
