@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "fixture.h"
 #include "gguf/gguf.h"
 #include "kvslim.h"
 #include "model/llama.h"
@@ -31,15 +32,6 @@ static double now(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-/* The largest of x[0, n); the lowest id wins a tie, as in the golden greedy runs. */
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
 
 static const char *arch_path(char *buf, size_t size, const char *name, const char *suffix)
 {
@@ -99,7 +91,7 @@ static diff compare(const float *a, const float *gold, int rows)
             d.max = e > d.max || isnan(e) ? e : d.max;
             sq += e * e;
         }
-        d.top1 += argmax(x, VOCAB) == argmax(g, VOCAB);
+        d.top1 += fx_argmax(x, VOCAB) == fx_argmax(g, VOCAB);
     }
     d.rms = sqrt(sq / ((double)rows * VOCAB));
     return d;
@@ -190,7 +182,7 @@ static void golden(const char *name)
         t0 = now();
         st = kvs_session_eval(s, prompt, n_prompt, out, 0, &err);
         for (int g = 0; g < N_GEN && st == KVS_OK; g++) {
-            got[g] = argmax(out, VOCAB);
+            got[g] = fx_argmax(out, VOCAB);
             if (g + 1 < N_GEN)
                 st = kvs_session_eval(s, &got[g], 1, out, 0, &err);
         }

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "fixture.h"
 #include "kvslim.h"
 
 enum { N_TOK = 128, N_VOCAB = 2048, N_GEN = 32, MAX_PROMPT = 64 };
@@ -67,15 +68,6 @@ static int read_ids_line(const char *path, const char *key, int *ids, int max)
     return n;
 }
 
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) /* the lowest id wins a tie */
-            best = i;
-    return best;
-}
-
 typedef struct {
     double max, rms;
     int top1_same;
@@ -92,7 +84,7 @@ static cmp compare(const float *a, const float *b, int rows)
             c.max = d > c.max || d != d ? d : c.max;
             ss += d * d;
         }
-        c.top1_same += argmax(x, N_VOCAB) == argmax(y, N_VOCAB);
+        c.top1_same += fx_argmax(x, N_VOCAB) == fx_argmax(y, N_VOCAB);
     }
     c.rms = sqrt(ss / ((double)rows * N_VOCAB));
     return c;
@@ -198,7 +190,7 @@ static void test_file(const char *name, int exact, const int *tokens)
         int got[N_GEN], match = 0;
         kvs_status st = kvs_session_eval(s, in, np, one, 0, &err);
         for (int i = 0; i < N_GEN && st == KVS_OK; i++) {
-            got[i] = argmax(one, N_VOCAB);
+            got[i] = fx_argmax(one, N_VOCAB);
             match += got[i] == want[i];
             const int32_t next = got[i];
             if (i + 1 < N_GEN)

@@ -27,10 +27,10 @@ void kvs_dequantize_row_simd(kvs_dtype t, const void *src, float *dst, int64_t n
 typedef void (*kvs_dequant_fn)(const void *src, float *dst, int64_t nb);
 kvs_dequant_fn kvs_dequantize_fn(kvs_dtype t);
 
-/* matmul_deq.c: kvs_matmul (kernels.h) for these types, same contract: y[r][o] = x[r] . W[o]
- * with x in fp32 and W dequantised block by block to fp32 (never quantising x). Returns
- * KVS_ERR_UNSUPPORTED for other types, KVS_ERR_ARG for negative sizes or n_in not whole blocks,
- * KVS_ERR_NOMEM without scratch memory (y untouched in all three cases). */
+/* matmul_deq.c: kvs_matmul (kernels.h) for these types: y[r][o] = x[r] . W[o] with x in fp32
+ * and W dequantised block by block to fp32 (never quantising x). kvs_matmul checks the sizes
+ * first (n_rows, n_out, n_in >= 1, n_in whole blocks) and calls it. Returns KVS_ERR_UNSUPPORTED
+ * for other types, KVS_ERR_NOMEM without scratch memory (y untouched in both cases). */
 kvs_status kvs_matmul_deq(kvs_pool *pool, float *y, const float *x, const void *w, kvs_dtype wt,
                           int n_rows, int n_in, int n_out);
 

@@ -1002,9 +1002,7 @@ kvs_status kvs_matmul(kvs_pool *pool, float *y, const float *x, const void *w, k
                       int n_rows, int n_in, int n_out)
 {
     uint64_t row_bytes;
-    if (kvs_deq_type(wt)) /* Q4_1, Q5_0, Q5_1, K-quants, IQ4_NL: fp32 x, dequantised W */
-        return kvs_matmul_deq(pool, y, x, w, wt, n_rows, n_in, n_out);
-    if (!has_kernel(wt))
+    if (!has_kernel(wt) && !kvs_deq_type(wt))
         return KVS_ERR_UNSUPPORTED;
     if (n_rows < 0 || n_out < 0 || n_in < 0 || kvs_dtype_bytes(wt, (uint64_t)n_in, &row_bytes) != 0)
         return KVS_ERR_ARG;
@@ -1014,6 +1012,8 @@ kvs_status kvs_matmul(kvs_pool *pool, float *y, const float *x, const void *w, k
         memset(y, 0, (size_t)n_rows * n_out * sizeof(float));
         return KVS_OK;
     }
+    if (kvs_deq_type(wt)) /* Q4_1, Q5_0, Q5_1, K-quants, IQ4_NL: fp32 x, dequantised W */
+        return kvs_matmul_deq(pool, y, x, w, wt, n_rows, n_in, n_out);
     const int nth = pool ? kvs_pool_size(pool) : 1;
     const int quant = wt == KVS_Q8_0 || wt == KVS_Q4_0;
     const int path = choose_path(wt, n_rows);

@@ -314,17 +314,11 @@ static void dq_task(void *p, int ith, int nth)
 kvs_status kvs_matmul_deq(kvs_pool *pool, float *y, const float *x, const void *w, kvs_dtype wt,
                           int n_rows, int n_in, int n_out)
 {
-    uint64_t row_bytes;
+    uint64_t row_bytes; /* n_in is whole blocks: kvs_matmul checked it */
     if (!kvs_deq_type(wt))
         return KVS_ERR_UNSUPPORTED;
-    if (n_rows < 0 || n_out < 0 || n_in < 0 || kvs_dtype_bytes(wt, (uint64_t)n_in, &row_bytes) != 0)
+    if (kvs_dtype_bytes(wt, (uint64_t)n_in, &row_bytes) != 0)
         return KVS_ERR_ARG;
-    if (n_rows == 0 || n_out == 0)
-        return KVS_OK;
-    if (n_in == 0) {
-        memset(y, 0, (size_t)n_rows * n_out * sizeof(float));
-        return KVS_OK;
-    }
     const int nth = pool ? kvs_pool_size(pool) : 1;
     dq_ctx c;
     memset(&c, 0, sizeof c);
