@@ -5,15 +5,18 @@
  * the prefill kernels) and token by token (1 thread, the decode kernels), their top-1 ids, and the
  * 32-token greedy continuation.
  *
- * Q4_K, Q5_K, Q6_K and IQ4_NL weights are multiplied in fp32 without quantising the activations
- * (core/matmul_deq.c), so the files made of them only (q4_k_m, q5_k_m, q6_k, iq4_nl) must match
- * the `.deq` references to fp32 rounding: every logit within LOGIT_TOL, the top-1 id of every
- * row and the whole greedy continuation equal. Q8_0 and Q4_0 weights go through kvslim's older
- * integer kernels (core/kernels_matmul.c), which quantise the activations to 8-bit blocks of 32
- * as GGML does (with an fp32 block scale where GGML has fp16), so the q8_0 and q4_0 files are
- * held to the README's envelope for activation quantisation instead (max 0.75, rms 0.15 against
- * `.deq`), and their greedy ids are only reported. The native references (`<name>.logits.f32`,
- * llama.cpp with Q8_0 / Q8_K-quantised activations) are reported for every file. */
+ * Every file runs twice:
+ *  - exact_matmul = 1: every matrix is multiplied with fp32 activations (core/matmul_deq.c), so
+ *    every file must match the `.deq` references to fp32 rounding: every logit within LOGIT_TOL,
+ *    the top-1 id of every row and the whole greedy continuation equal.
+ *  - the default: Q8_0, Q4_0 and the K-quants go through integer kernels that quantise the
+ *    activations to 8-bit blocks of 32 (as llama.cpp's CPU kernels quantise them, with an fp32
+ *    block scale where GGML has fp16), so the files are held to the README's envelope for
+ *    activation quantisation (max 0.75, rms 0.15 against `.deq`), and the top-1 and greedy ids
+ *    are only reported. The native references (`<name>.logits.f32`, llama.cpp with Q8_0 / Q8_K
+ *    activations) are reported beside them: llama.cpp's own batch and token-by-token runs of
+ *    these files differ by up to 0.36 (README), so no engine matches them more closely than
+ *    that. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -90,10 +93,11 @@ static cmp compare(const float *a, const float *b, int rows)
     return c;
 }
 
-static kvs_session *new_session(const kvs_model *m, int threads, kvs_error *err)
+static kvs_session *new_session(const kvs_model *m, int threads, int exact, kvs_error *err)
 {
     kvs_session_params p = kvs_session_default_params();
     p.n_threads = threads;
+    p.exact_matmul = exact;
     p.n_ctx = 256;
     kvs_session *s = NULL;
     return kvs_session_new(m, &p, &s, err) == KVS_OK ? s : NULL;
@@ -116,6 +120,7 @@ static void test_file(const char *name, int exact, const int *tokens)
     snprintf(rel, sizeof rel, "models/arch/%s.deq.greedy.txt", name);
     check_shared_path(greedy_path, sizeof greedy_path, rel);
 
+    const char *mode = exact ? "exact" : "8-bit x";
     kvs_error err = {0};
     kvs_model *m = NULL;
     CHECKF(kvs_model_load(path, &m, &err) == KVS_OK, "%s: %s", name, err.msg);
@@ -131,13 +136,13 @@ static void test_file(const char *name, int exact, const int *tokens)
         toks[i] = tokens[i];
 
     /* one batch of 128, 2 threads (the prefill kernels) */
-    kvs_session *s = new_session(m, 2, &err);
+    kvs_session *s = new_session(m, 2, exact, &err);
     CHECKF(s != NULL, "%s: %s", name, err.msg);
     if (s && ref && nat) {
         CHECKF(kvs_session_eval(s, toks, N_TOK, logits, 1, &err) == KVS_OK, "%s: %s", name, err.msg);
         const cmp d = compare(logits, ref, N_TOK), n = compare(logits, nat, N_TOK);
-        printf("%-14s batch, 2 threads:  vs .deq max %.3g rms %.3g, top-1 %d/%d | vs native max "
-               "%.3g rms %.3g, top-1 %d/%d\n", name, d.max, d.rms, d.top1_same, N_TOK, n.max, n.rms,
+        printf("%-14s %s batch, 2 threads:  vs .deq max %.3g rms %.3g, top-1 %d/%d | vs native max "
+               "%.3g rms %.3g, top-1 %d/%d\n", name, mode, d.max, d.rms, d.top1_same, N_TOK, n.max, n.rms,
                n.top1_same, N_TOK);
         if (exact) {
             CHECKF(d.max <= LOGIT_TOL, "%s batch: max |logit - .deq| %g > %g", name, d.max,
@@ -152,7 +157,7 @@ static void test_file(const char *name, int exact, const int *tokens)
     kvs_session_free(s);
 
     /* token by token, 1 thread (the decode kernels) */
-    s = new_session(m, 1, &err);
+    s = new_session(m, 1, exact, &err);
     CHECKF(s != NULL, "%s: %s", name, err.msg);
     if (s && ref) {
         int ok = 1;
@@ -162,8 +167,8 @@ static void test_file(const char *name, int exact, const int *tokens)
         }
         if (ok) {
             const cmp d = compare(one, ref, N_TOK);
-            printf("%-14s token by token, 1 thread: vs .deq max %.3g rms %.3g, top-1 %d/%d\n", name,
-                   d.max, d.rms, d.top1_same, N_TOK);
+            printf("%-14s %s token by token, 1 thread: vs .deq max %.3g rms %.3g, top-1 %d/%d\n",
+                   name, mode, d.max, d.rms, d.top1_same, N_TOK);
             if (exact) {
                 CHECKF(d.max <= LOGIT_TOL, "%s token by token: max |logit - .deq| %g", name,
                        d.max);
@@ -182,7 +187,7 @@ static void test_file(const char *name, int exact, const int *tokens)
     const int np = read_ids_line(greedy_path, "prompt_ids", prompt, MAX_PROMPT);
     const int ng = read_ids_line(greedy_path, "generated_ids", want, N_GEN);
     CHECKF(np > 0 && ng == N_GEN, "%s: greedy reference unreadable (%d, %d)", name, np, ng);
-    s = new_session(m, 2, &err);
+    s = new_session(m, 2, exact, &err);
     if (s && np > 0 && ng == N_GEN) {
         int32_t in[MAX_PROMPT];
         for (int i = 0; i < np; i++)
@@ -197,13 +202,13 @@ static void test_file(const char *name, int exact, const int *tokens)
                 st = kvs_session_eval(s, &next, 1, one, 0, &err);
         }
         CHECKF(st == KVS_OK, "%s greedy: %s", name, err.msg);
-        printf("%-14s greedy: %d/%d ids equal to .deq.greedy.txt\n", name, match, N_GEN);
+        printf("%-14s %s greedy: %d/%d ids equal to .deq.greedy.txt\n", name, mode, match, N_GEN);
         if (exact)
             CHECKF(match == N_GEN, "%s greedy: %d of %d ids equal", name, match, N_GEN);
-        /* informative: does kvslim's tokenizer give the reference prompt ids? */
+        /* informative, once per file: does kvslim's tokenizer give the reference prompt ids? */
         int32_t *ids = NULL;
         int n_ids = 0;
-        if (kvs_tokenize(m, "Once upon a time", 1, &ids, &n_ids, &err) == KVS_OK) {
+        if (exact && kvs_tokenize(m, "Once upon a time", 1, &ids, &n_ids, &err) == KVS_OK) {
             int same = n_ids == np;
             for (int i = 0; same && i < np; i++)
                 same = ids[i] == prompt[i];
@@ -228,13 +233,12 @@ int main(void)
                                     tokens, N_TOK);
     CHECKF(n == N_TOK, "seq128.tokens: %d tokens", n);
     if (n == N_TOK) {
-        static const struct {
-            const char *name;
-            int exact; /* every matrix multiplied with fp32 activations */
-        } files[] = {{"llama3-q4_k_m", 1}, {"llama3-q5_k_m", 1}, {"llama3-q6_k", 1},
-                     {"llama3-q8_0", 0},   {"llama3-q4_0", 0},   {"llama3-iq4_nl", 1}};
-        for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
-            test_file(files[i].name, files[i].exact, tokens);
+        static const char *const files[] = {"llama3-q4_k_m", "llama3-q5_k_m", "llama3-q6_k",
+                                            "llama3-q8_0",   "llama3-q4_0",   "llama3-iq4_nl"};
+        for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+            test_file(files[i], 1, tokens);
+            test_file(files[i], 0, tokens);
+        }
     }
     return check_summary("test_arch_quant");
 }

@@ -34,6 +34,8 @@ static const kvs_dtype new_types[] = {KVS_Q4_K, KVS_Q5_K, KVS_Q6_K, KVS_IQ4_NL, 
 static float raw_range(kvs_dtype t)
 {
     switch ((int)t) {
+    case KVS_Q8_0: return 128;
+    case KVS_Q4_0: return 8;
     case KVS_Q4_1: return 15;
     case KVS_Q5_0: return 16;
     case KVS_Q5_1: return 31;
@@ -59,6 +61,8 @@ static void random_blocks(kvs_dtype t, void *dst, int64_t n, float amp)
         const uint16_t d = kvs_fp32_to_fp16(s * rnd_unit());
         const uint16_t m = kvs_fp32_to_fp16(s * rnd_unit() * (t == KVS_Q4_1 || t == KVS_Q5_1 ? 8 : 1));
         switch ((int)t) {
+        case KVS_Q8_0: ((kvs_block_q8_0 *)p)->d = d; break;
+        case KVS_Q4_0: ((kvs_block_q4_0 *)p)->d = d; break;
         case KVS_Q4_1: ((kvs_block_q4_1 *)p)->d = d, ((kvs_block_q4_1 *)p)->m = m; break;
         case KVS_Q5_0: ((kvs_block_q5_0 *)p)->d = d; break;
         case KVS_Q5_1: ((kvs_block_q5_1 *)p)->d = d, ((kvs_block_q5_1 *)p)->m = m; break;
@@ -327,11 +331,28 @@ static void test_dequant_simd(void)
         }
         CHECKF(bad == 0, "%s: %d single-byte variants differ", kvs_dtype_name(ty), bad);
     }
+    /* Q8_0 and Q4_0's span dequantisers (the exact product's) against kvs_dequantize_row */
+    static const kvs_dtype q[] = {KVS_Q8_0, KVS_Q4_0};
+    for (size_t t = 0; t < 2; t++) {
+        const kvs_dequant_fn fn = kvs_dequantize_fn(q[t]);
+        CHECK(fn != NULL);
+        _Alignas(64) char w[34 * 64];
+        float a[2048], b[2048];
+        int bad = 0;
+        for (int rep = 0; fn && rep < 50; rep++) {
+            random_blocks(q[t], w, 2048, rep % 2 ? 1.0f : 1e3f);
+            kvs_dequantize_row(q[t], w, a, 2048);
+            fn(w, b, 2048 / 32);
+            bad += memcmp(a, b, sizeof a) != 0;
+        }
+        CHECKF(bad == 0, "%s: %d of 50 rows differ from kvs_dequantize_row", kvs_dtype_name(q[t]), bad);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* matrix kernels against the fp32 reference                                                  */
 
+/* kvs_matmul_ex's exact product (fp32 x), which every block type has. */
 static int matmul_cases;
 static double matmul_worst_rel;
 
@@ -351,7 +372,7 @@ static void check_matmul(kvs_pool **pools, int n_pools, kvs_dtype t, int n_rows,
     for (int i = 0; i < n_rows * n_in; i++)
         x[i] = rnd_unit();
     for (int o = 0; o < n_out; o++)
-        kvs_dequantize_row_ref(t, w + (size_t)o * rb, wf + (size_t)o * n_in, n_in);
+        kvs_dequantize_row(t, w + (size_t)o * rb, wf + (size_t)o * n_in, n_in);
     kvs_matmul_ref(yr, x, w, t, n_rows, n_in, n_out);
     for (int r = 0; r < n_rows; r++)
         for (int o = 0; o < n_out; o++) {
@@ -363,7 +384,7 @@ static void check_matmul(kvs_pool **pools, int n_pools, kvs_dtype t, int n_rows,
     for (int p = 0; p < n_pools; p++) {
         for (int i = 0; i < n_rows * n_out; i++)
             y[i] = NAN;
-        CHECK(kvs_matmul(pools[p], y, x, w, t, n_rows, n_in, n_out) == KVS_OK);
+        CHECK(kvs_matmul_ex(pools[p], y, x, w, t, n_rows, n_in, n_out, 1) == KVS_OK);
         int bad = 0;
         double worst = 0;
         for (size_t i = 0; i < (size_t)n_rows * n_out; i++) {
@@ -396,6 +417,10 @@ static void test_matmul(void)
                 for (size_t c = 0; c < sizeof outs / sizeof outs[0]; c++)
                     check_matmul(pools, 3, new_types[t], rows[a], ins[b], outs[c]);
     /* larger: many chunks per thread, several k chunks, the row split (few columns) */
+    /* Q8_0 and Q4_0 (integer kernels by default) exactly too */
+    for (int t = 0; t < 2; t++)
+        for (size_t a = 0; a < sizeof rows / sizeof rows[0]; a++)
+            check_matmul(pools, 3, t ? KVS_Q4_0 : KVS_Q8_0, rows[a], 768, 37);
     for (size_t t = 0; t < N_NEW; t++) {
         check_matmul(pools + 1, 2, new_types[t], 1, 2048, 200);
         check_matmul(pools + 1, 2, new_types[t], 33, 1280, 100);
@@ -409,7 +434,7 @@ static void test_matmul(void)
     CHECK(kvs_matmul(pools[2], &yy, xx, wq, KVS_Q4_K, 1, 128, 1) == KVS_ERR_ARG);
     CHECK(kvs_matmul(NULL, &yy, xx, wq, KVS_IQ4_NL, 1, 48, 1) == KVS_ERR_ARG);
     CHECK(kvs_matmul(NULL, &yy, xx, wq, KVS_Q6_K, -1, 256, 1) == KVS_ERR_ARG);
-    CHECK(kvs_matmul_deq(NULL, &yy, xx, wq, KVS_Q8_0, 1, 32, 1) == KVS_ERR_UNSUPPORTED);
+    CHECK(kvs_matmul_deq(NULL, &yy, xx, wq, KVS_F16, 1, 32, 1) == KVS_ERR_UNSUPPORTED);
     CHECK(yy == 42.0f);
     CHECK(kvs_matmul(NULL, &yy, xx, wq, KVS_Q5_K, 0, 256, 1) == KVS_OK && yy == 42.0f);
     for (int i = 0; i < 3; i++)

@@ -158,6 +158,10 @@ static const flag_def flags[] = {
      "(stories260K then starts a new story), shown as a line break"},
     {FL_CHUNK, NULL, "--chunk", K_INT, "N", SESSION, 1, 1 << 20, 0, NULL,
      "prompt tokens per forward batch (default 512)"},
+    {FL_EXACT_MATMUL, NULL, "--exact-matmul", K_NONE, NULL, SESSION & ~CMD_EVAL, 0, 0, 0, NULL,
+     "multiply quantised weights with fp32 activations (llama.cpp's\n"
+     "numbers on the file dequantised to F32; slower); default: 8-bit\n"
+     "activations for q8_0, q4_0 and the K-quants, as llama.cpp's CPU kernels"},
     {FL_JSON, NULL, "--json", K_STRING, "OUT", CMD_EVAL, 0, 0, 0, NULL,
      "results as a JSON array of objects (rewritten as each run ends)"},
     {FL_JSON, NULL, "--json", K_STRING, "OUT", CMD_LAYERSIM, 0, 0, 0, NULL,
@@ -601,6 +605,7 @@ int cli_session_params(const cli_args *a, kvs_session_params *p)
     p->log_ctx = (void *)a->cmd->name;
     p->n_threads = cli_threads(a);
     p->chunk = cli_get_int(a, FL_CHUNK, 0);
+    p->exact_matmul = a->given[FL_EXACT_MATMUL] > 0;
     p->kv_type = a->given[FL_KV_TYPE] ? a->str[FL_KV_TYPE] : cli_default_kv_type(a->cmd->name);
     if (!a->given[FL_KV])
         return 0;

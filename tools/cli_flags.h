@@ -86,6 +86,7 @@ typedef enum cli_flag_id {
     FL_QUEUE,
     FL_API_KEY,
     FL_MAX_BODY,
+    FL_EXACT_MATMUL,
     FL_COUNT
 } cli_flag_id;
 

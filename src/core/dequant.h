@@ -22,15 +22,17 @@ void kvs_dequantize_row_ref(kvs_dtype t, const void *src, float *dst, int64_t n)
 /* dequant_simd.c: the same, vectorised with AVX2 where available (bit-identical to the
  * reference: the same fp32 operations in the same order per element); the reference otherwise. */
 void kvs_dequantize_row_simd(kvs_dtype t, const void *src, float *dst, int64_t n);
-/* The function kvs_dequantize_row_simd uses for t (NULL for other types): nb whole blocks from
+/* The function kvs_dequantize_row_simd uses for t (also Q8_0 and Q4_0; NULL for other types): nb whole blocks from
  * src to dst, for callers that dequantise many short spans. */
 typedef void (*kvs_dequant_fn)(const void *src, float *dst, int64_t nb);
 kvs_dequant_fn kvs_dequantize_fn(kvs_dtype t);
 
-/* matmul_deq.c: kvs_matmul (kernels.h) for these types: y[r][o] = x[r] . W[o] with x in fp32
- * and W dequantised block by block to fp32 (never quantising x). kvs_matmul checks the sizes
- * first (n_rows, n_out, n_in >= 1, n_in whole blocks) and calls it. Returns KVS_ERR_UNSUPPORTED
- * for other types, KVS_ERR_NOMEM without scratch memory (y untouched in both cases). */
+/* matmul_deq.c: kvs_matmul (kernels.h) for these types, and kvs_matmul_ex's exact product for
+ * every block type with a kvs_dequantize_fn (these and Q8_0, Q4_0): y[r][o] = x[r] . W[o] with x
+ * in fp32 and W dequantised block by block to fp32 (never quantising x). kvs_matmul_ex checks
+ * the sizes first (n_rows, n_out, n_in >= 1, n_in whole blocks) and calls it. Returns
+ * KVS_ERR_UNSUPPORTED for other types, KVS_ERR_NOMEM without scratch memory (y untouched in
+ * both cases). */
 kvs_status kvs_matmul_deq(kvs_pool *pool, float *y, const float *x, const void *w, kvs_dtype wt,
                           int n_rows, int n_in, int n_out);
 

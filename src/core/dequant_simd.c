@@ -1,4 +1,4 @@
-/* Vectorised (AVX2) dequantisers for Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL.
+/* Vectorised (AVX2) dequantisers for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL.
  *
  * Each block's quants are unpacked as bytes in 256-bit registers (nibbles by mask and shift,
  * extra high bits by compare against a bit mask, IQ4_NL's levels by a 16-entry PSHUFB table
@@ -13,6 +13,7 @@
 
 #include <string.h>
 
+#include "kernels.h"
 #include "kernels_internal.h"
 
 #if KVS_AVX2
@@ -88,6 +89,23 @@ KVS_INLINE __m128i q5_bits(uint32_t qh, int h)
                                       (char)128);
     const __m128i v = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)qh), sel);
     return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(v, bit), bit), _mm_set1_epi8(16));
+}
+
+static void simd_q8_0(const kvs_block_q8_0 *b, float *y)
+{
+    const float d = h2f(b->d);
+    const __m256i q = _mm256_loadu_si256((const __m256i *)b->qs);
+    emit16_mul_signed(y, lo128(q), d);
+    emit16_mul_signed(y + 16, hi128(q), d);
+}
+
+static void simd_q4_0(const kvs_block_q4_0 *b, float *y)
+{
+    const float d = h2f(b->d);
+    const __m128i q = _mm_loadu_si128((const __m128i *)b->qs), off = _mm_set1_epi8(8);
+    /* (q - 8) * d, as d * (q - 8) */
+    emit16_mul_signed(y, _mm_sub_epi8(nib_lo(q), off), d);
+    emit16_mul_signed(y + 16, _mm_sub_epi8(nib_hi(q), off), d);
 }
 
 static void simd_q4_1(const kvs_block_q4_1 *b, float *y)
@@ -266,6 +284,8 @@ static void simd_q6_K(const kvs_block_q6_K *b, float *y)
         for (int64_t i = 0; i < nb; i++)                                                        \
             fn(b + i, dst + (size_t)i * (elems));                                               \
     }
+KVS_ROW_FN(row_q8_0, simd_q8_0, kvs_block_q8_0, KVS_QK)
+KVS_ROW_FN(row_q4_0, simd_q4_0, kvs_block_q4_0, KVS_QK)
 KVS_ROW_FN(row_q4_1, simd_q4_1, kvs_block_q4_1, KVS_QK)
 KVS_ROW_FN(row_q5_0, simd_q5_0, kvs_block_q5_0, KVS_QK)
 KVS_ROW_FN(row_q5_1, simd_q5_1, kvs_block_q5_1, KVS_QK)
@@ -280,6 +300,8 @@ KVS_ROW_FN(row_q6_K, simd_q6_K, kvs_block_q6_K, KVS_QK_K)
 kvs_dequant_fn kvs_dequantize_fn(kvs_dtype t)
 {
     switch ((int)t) {
+    case KVS_Q8_0: return row_q8_0;
+    case KVS_Q4_0: return row_q4_0;
     case KVS_Q4_1: return row_q4_1;
     case KVS_Q5_0: return row_q5_0;
     case KVS_Q5_1: return row_q5_1;
@@ -300,6 +322,9 @@ kvs_dequant_fn kvs_dequantize_fn(kvs_dtype t)
     {                                                                                           \
         kvs_dequantize_row_ref(KVS_##T, src, dst, nb * (int64_t)kvs_dtype_block_elems(KVS_##T)); \
     }
+/* Q8_0 and Q4_0's reference is kvs_dequantize_row's own loop (kernels.c). */
+static void ref_Q8_0(const void *src, float *dst, int64_t nb) { kvs_dequantize_row(KVS_Q8_0, src, dst, nb * KVS_QK); }
+static void ref_Q4_0(const void *src, float *dst, int64_t nb) { kvs_dequantize_row(KVS_Q4_0, src, dst, nb * KVS_QK); }
 KVS_REF_FN(Q4_1)
 KVS_REF_FN(Q5_0)
 KVS_REF_FN(Q5_1)
@@ -314,6 +339,8 @@ KVS_REF_FN(Q6_K)
 kvs_dequant_fn kvs_dequantize_fn(kvs_dtype t)
 {
     switch ((int)t) {
+    case KVS_Q8_0: return ref_Q8_0;
+    case KVS_Q4_0: return ref_Q4_0;
     case KVS_Q4_1: return ref_Q4_1;
     case KVS_Q5_0: return ref_Q5_0;
     case KVS_Q5_1: return ref_Q5_1;

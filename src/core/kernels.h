@@ -47,6 +47,13 @@ void kvs_quantize_row(kvs_dtype t, const float *src, void *dst, int64_t n);
  * blocks, KVS_ERR_NOMEM when its scratch memory cannot be had. The caller names the tensor. */
 kvs_status kvs_matmul(kvs_pool *pool, float *y, const float *x, const void *w, kvs_dtype wt,
                       int n_rows, int n_in, int n_out) KVS_MUST_CHECK;
+/* kvs_matmul, or with exact != 0 the product that never quantises x: block-type weights
+ * (Q8_0, Q4_0 and every type above) are dequantised to fp32 and multiplied with the fp32 x, so
+ * the result is the fp32 product with the dequantised weights up to summation order (what
+ * llama.cpp computes on a copy of the file dequantised to F32). Slower for the types with
+ * integer kernels; the same for the others. */
+kvs_status kvs_matmul_ex(kvs_pool *pool, float *y, const float *x, const void *w, kvs_dtype wt,
+                         int n_rows, int n_in, int n_out, int exact) KVS_MUST_CHECK;
 /* Scalar reference: dequantises each weight row and accumulates in double. */
 void kvs_matmul_ref(float *y, const float *x, const void *w, kvs_dtype wt, int n_rows, int n_in,
                     int n_out);

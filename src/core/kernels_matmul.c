@@ -1001,6 +1001,12 @@ static int has_kernel(kvs_dtype wt)
 kvs_status kvs_matmul(kvs_pool *pool, float *y, const float *x, const void *w, kvs_dtype wt,
                       int n_rows, int n_in, int n_out)
 {
+    return kvs_matmul_ex(pool, y, x, w, wt, n_rows, n_in, n_out, 0);
+}
+
+kvs_status kvs_matmul_ex(kvs_pool *pool, float *y, const float *x, const void *w, kvs_dtype wt,
+                         int n_rows, int n_in, int n_out, int exact)
+{
     uint64_t row_bytes;
     if (!has_kernel(wt) && !kvs_deq_type(wt))
         return KVS_ERR_UNSUPPORTED;
@@ -1012,7 +1018,8 @@ kvs_status kvs_matmul(kvs_pool *pool, float *y, const float *x, const void *w, k
         memset(y, 0, (size_t)n_rows * n_out * sizeof(float));
         return KVS_OK;
     }
-    if (kvs_deq_type(wt)) /* Q4_1, Q5_0, Q5_1, K-quants, IQ4_NL: fp32 x, dequantised W */
+    /* Q4_1, Q5_0, Q5_1, K-quants, IQ4_NL, and with exact every block type: fp32 x, dequantised W */
+    if (kvs_deq_type(wt) || (exact && kvs_dequantize_fn(wt)))
         return kvs_matmul_deq(pool, y, x, w, wt, n_rows, n_in, n_out);
     const int nth = pool ? kvs_pool_size(pool) : 1;
     const int quant = wt == KVS_Q8_0 || wt == KVS_Q4_0;

@@ -1,4 +1,6 @@
-/* Matrix products y = x W^T with W in Q4_1, Q5_0, Q5_1, Q2_K .. Q6_K or IQ4_NL and fp32 x.
+/* Matrix products y = x W^T with W in a block type (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K .. Q6_K,
+ * IQ4_NL) and fp32 x: the only product for the types without an integer kernel, and the one
+ * every block type uses with exact_matmul (kvs_matmul_ex).
  *
  * Choice of arithmetic: the weights are used as stored, dequantised a span at a time (256
  * elements: one K-quant super-block, or 8 blocks of 32) to fp32 with the vectorised
@@ -315,7 +317,7 @@ kvs_status kvs_matmul_deq(kvs_pool *pool, float *y, const float *x, const void *
                           int n_rows, int n_in, int n_out)
 {
     uint64_t row_bytes; /* n_in is whole blocks: kvs_matmul checked it */
-    if (!kvs_deq_type(wt))
+    if (!kvs_dequantize_fn(wt))
         return KVS_ERR_UNSUPPORTED;
     if (kvs_dtype_bytes(wt, (uint64_t)n_in, &row_bytes) != 0)
         return KVS_ERR_ARG;

@@ -245,6 +245,7 @@ kvs_status kvs_session_new(const kvs_model *m, const kvs_session_params *p, kvs_
         st = kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
     if (st == KVS_OK)
         st = kvs_forward_buf_init(&s->buf, &m->hp, s->params.chunk, err);
+    s->buf.exact_matmul = p->exact_matmul != 0;
     if (st != KVS_OK) {
         kvs_session_free(s);
         return st;

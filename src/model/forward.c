@@ -47,9 +47,9 @@ void kvs_forward_buf_free(kvs_forward_buf *b)
 /* y = x W^T for n rows. A failure names the tensor as GGUF does (blk.L.NAME.weight, or
  * NAME.weight outside the layers: layer < 0). */
 static kvs_status matmul(kvs_pool *pool, float *y, const float *x, const kvs_weight *w, int n,
-                         int layer, const char *name, kvs_error *err)
+                         int exact, int layer, const char *name, kvs_error *err)
 {
-    kvs_status st = kvs_matmul(pool, y, x, w->data, w->type, n, w->cols, w->rows);
+    kvs_status st = kvs_matmul_ex(pool, y, x, w->data, w->type, n, w->cols, w->rows, exact);
     if (st == KVS_OK)
         return KVS_OK;
     char tensor[64];
@@ -147,7 +147,7 @@ kvs_status kvs_forward(const struct kvs_model *m, kvs_pool *pool, kvs_kv *kv,
 {
     const kvs_hparams *hp = &m->hp;
     const int dim = hp->dim, q_dim = hp->n_heads * hp->head_dim,
-              kv_dim = hp->n_kv_heads * hp->head_dim;
+              kv_dim = hp->n_kv_heads * hp->head_dim, ex = b->exact_matmul;
     if (n <= 0 || n > b->cap)
         return kvs_fail(err, KVS_ERR_ARG, "batch of %d tokens (capacity %d)", n, b->cap);
     for (int i = 0; i < n; i++) {
@@ -166,9 +166,9 @@ kvs_status kvs_forward(const struct kvs_model *m, kvs_pool *pool, kvs_kv *kv,
         /* Q, K, V: projections (plus biases), per-head norms, RoPE; the kv layer gets the
          * post-RoPE keys whatever the architecture. */
         kvs_status st;
-        if ((st = matmul(pool, b->q, b->xb, &L->wq, n, l, "attn_q", err)) != KVS_OK ||
-            (st = matmul(pool, b->k, b->xb, &L->wk, n, l, "attn_k", err)) != KVS_OK ||
-            (st = matmul(pool, b->v, b->xb, &L->wv, n, l, "attn_v", err)) != KVS_OK)
+        if ((st = matmul(pool, b->q, b->xb, &L->wq, n, ex, l, "attn_q", err)) != KVS_OK ||
+            (st = matmul(pool, b->k, b->xb, &L->wk, n, ex, l, "attn_k", err)) != KVS_OK ||
+            (st = matmul(pool, b->v, b->xb, &L->wv, n, ex, l, "attn_v", err)) != KVS_OK)
             return st;
         if (L->bq) {
             add_bias(b->q, L->bq, n, q_dim);
@@ -185,18 +185,18 @@ kvs_status kvs_forward(const struct kvs_model *m, kvs_pool *pool, kvs_kv *kv,
             rope(m, k, hp->n_kv_heads, b->pos[i]);
         }
         if ((st = kvs_kv_layer(kv, pool, l, n, b->q, b->k, b->v, b->pos, b->att, err)) != KVS_OK ||
-            (st = matmul(pool, b->xb, b->att, &L->wo, n, l, "attn_output", err)) != KVS_OK)
+            (st = matmul(pool, b->xb, b->att, &L->wo, n, ex, l, "attn_output", err)) != KVS_OK)
             return st;
         add_rows(b->x, b->xb, (size_t)n * dim);
 
         for (int i = 0; i < n; i++)
             kvs_rmsnorm(b->xb + (size_t)i * dim, b->x + (size_t)i * dim, L->ffn_norm, dim,
                         hp->eps);
-        if ((st = matmul(pool, b->hb, b->xb, &L->w_gate, n, l, "ffn_gate", err)) != KVS_OK ||
-            (st = matmul(pool, b->hb2, b->xb, &L->w_up, n, l, "ffn_up", err)) != KVS_OK)
+        if ((st = matmul(pool, b->hb, b->xb, &L->w_gate, n, ex, l, "ffn_gate", err)) != KVS_OK ||
+            (st = matmul(pool, b->hb2, b->xb, &L->w_up, n, ex, l, "ffn_up", err)) != KVS_OK)
             return st;
         kvs_swiglu(b->hb, b->hb2, n * hp->hidden);
-        if ((st = matmul(pool, b->xb, b->hb, &L->w_down, n, l, "ffn_down", err)) != KVS_OK)
+        if ((st = matmul(pool, b->xb, b->hb, &L->w_down, n, ex, l, "ffn_down", err)) != KVS_OK)
             return st;
         add_rows(b->x, b->xb, (size_t)n * dim);
     }
@@ -207,7 +207,7 @@ kvs_status kvs_forward(const struct kvs_model *m, kvs_pool *pool, kvs_kv *kv,
     int first = all_logits ? 0 : n - 1;
     for (int i = first; i < n; i++)
         kvs_rmsnorm(b->x + (size_t)i * dim, b->x + (size_t)i * dim, m->output_norm, dim, hp->eps);
-    kvs_status st = matmul(pool, logits, b->x + (size_t)first * dim, &m->output, n - first, -1,
+    kvs_status st = matmul(pool, logits, b->x + (size_t)first * dim, &m->output, n - first, ex, -1,
                            "output", err);
     if (st != KVS_OK)
         return st;

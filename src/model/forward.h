@@ -11,6 +11,7 @@
 /* Activation buffers for batches of up to cap tokens. */
 typedef struct kvs_forward_buf {
     int cap;
+    int exact_matmul; /* 1: quantised weights times fp32 activations (kvs_matmul_ex) */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2;
     int32_t *pos;
 } kvs_forward_buf;
