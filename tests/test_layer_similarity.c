@@ -93,7 +93,7 @@ int main(void)
     char path[512];
     check_tmp_path(path, sizeof path, "test_layer_similarity.gguf");
     kvs_outfile_spec out = {.path = path};
-    CHECKF(kvs_llama_write_gguf(&up, NULL, KVS_F32, &out, NULL, &err) == KVS_OK, "%s", err.msg);
+    CHECKF(kvs_llama_write_gguf(&up, NULL, KVS_WTYPE(KVS_F32), &out, NULL, &err) == KVS_OK, "%s", err.msg);
     free(layers);
 
     /* The duplicated layer's tensors are byte-identical. */

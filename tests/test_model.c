@@ -121,7 +121,7 @@ int main(void)
 
     kvs_hparams hp = {.dim = 48, .hidden = 96, .n_layers = 2, .n_heads = 6, .n_kv_heads = 3,
                       .vocab = 320, .ctx = 64};
-    CHECKF(kvs_synthetic_write(&hp, KVS_Q8_0, 1, path, NULL, &err) == KVS_OK, "%s", err.msg);
+    CHECKF(kvs_synthetic_write(&hp, KVS_WTYPE(KVS_Q8_0), 1, path, NULL, &err) == KVS_OK, "%s", err.msg);
     m = NULL;
     CHECKF(kvs_model_load(path, &m, &err) == KVS_OK, "%s", err.msg);
     if (m) {

@@ -730,7 +730,7 @@ static void test_model_all_types(void)
     enum { VOCAB = 300 };
     kvs_hparams hp = {.dim = 256, .hidden = 512, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
                       .vocab = VOCAB, .ctx = 128};
-    CHECKF(kvs_synthetic_write(&hp, KVS_F32, 7, src, NULL, &err) == KVS_OK, "%s", err.msg);
+    CHECKF(kvs_synthetic_write(&hp, KVS_WTYPE(KVS_F32), 7, src, NULL, &err) == KVS_OK, "%s", err.msg);
     kvs_gguf *g = NULL;
     CHECKF(kvs_gguf_open(src, &g, &err) == KVS_OK, "%s", err.msg);
     if (!g)

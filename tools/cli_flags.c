@@ -50,7 +50,9 @@ static int word_prefix_match(const char *word, const char *v)
 }
 
 static const char *const kv_types[] = {"f32", "f16", "kivi4", "kivi2", "kivi:...", NULL};
-static const char *const weight_types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", NULL};
+/* kvs_wtype_parse's names (KVS_WTYPE_NAMES). */
+static const char *const weight_types[] = {"f32",  "f16",  "bf16", "q8_0",   "q4_0",  "q4_k",
+                                           "q5_k", "q6_k", "q4_k_m", "q5_k_m", NULL};
 static const char *const eval_tasks[] = {"fidelity", "recall", "opcount", NULL};
 
 /* Rows appear in each command's --help in this order. */
@@ -62,7 +64,8 @@ static const flag_def flags[] = {
     {FL_SYNTHETIC, NULL, "--synthetic", K_STRING, "SHAPE", CMD_BENCH, 0, 0, 0, NULL,
      "random-weight llama model, SHAPE = comma-separated key=value of\n"
      "dim, hidden, layers, heads, kv_heads, vocab, ctx, type (f32, f16,\n"
-     "bf16, q8_0, q4_0); e.g. dim=768,hidden=2048,layers=12,heads=12,\n"
+     "bf16, q8_0, q4_0, q4_k, q5_k, q6_k, q4_k_m, q5_k_m: the last two\n"
+     "llama.cpp's mixes); e.g. dim=768,hidden=2048,layers=12,heads=12,\n"
      "kv_heads=12,vocab=512,type=q8_0 (weights N(0, 0.02), seed fixed)"},
     {FL_SAVE, NULL, "--save", K_STRING, "FILE.gguf", CMD_BENCH, 0, 0, 0, NULL,
      "with --synthetic: keep the generated model as a GGUF file"},
@@ -81,9 +84,11 @@ static const flag_def flags[] = {
     {FL_OUT, "-o", "--output", K_STRING, "FILE", CMD_CONVERT, 0, 0, 0, NULL,
      "GGUF file to write (written atomically)"},
     {FL_TYPE, NULL, "--type", K_WORD, "TYPE", CMD_CONVERT, 0, 0, 0, weight_types,
-     "f32 (default), f16, bf16, q8_0 or q4_0 for weight matrices;\n"
-     "norms stay f32; a matrix whose rows do not divide into 32-element\n"
-     "blocks is stored as f16, with a note on stderr"},
+     "f32 (default), f16, bf16, q8_0, q4_0, q4_k, q5_k or q6_k for\n"
+     "weight matrices, or llama.cpp's mixes q4_k_m, q5_k_m (Q6_K output,\n"
+     "attn_v, ffn_down in some layers); norms stay f32; a matrix whose\n"
+     "rows do not divide into the type's blocks is stored as q8_0 (for\n"
+     "k-quants) or f16, with a note on stderr"},
     {FL_DUPLICATE_LAYERS, NULL, "--duplicate-layers", K_LIST, "L1,L2,...", CMD_CONVERT, 0, 0, 0,
      NULL,
      "depth up-scaling: write each listed layer twice in a row (0-based,\n"

@@ -381,7 +381,7 @@ int cli_load_model(const char *cmd, const char *path, const char *tok, kvs_model
         snprintf(tmp, sizeof tmp, "%s/kvslim-%s-%d.gguf", dir && *dir ? dir : "/tmp", cmd,
                  (int)getpid());
         kvs_outfile_spec o = cli_output(NULL, tmp, NULL, 0);
-        st = kvs_llama2c_convert_to(path, tok, KVS_F32, &o, NULL, &err);
+        st = kvs_llama2c_convert_to(path, tok, KVS_WTYPE(KVS_F32), &o, NULL, &err);
         if (st == KVS_OK) {
             cli_temp_track(NULL, tmp, 1);
             st = kvs_model_load(tmp, out, &err);

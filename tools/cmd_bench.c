@@ -18,7 +18,7 @@ static const cli_command bench_cmd = {
 
 typedef struct shape {
     kvs_hparams hp;
-    kvs_dtype type;
+    kvs_wtype wt;
 } shape;
 
 static const struct {
@@ -52,9 +52,8 @@ static int shape_item(const char *cmd, const char *key, const char *val, shape *
         return -1;
     }
     if (k == N_SHAPE_INTS) {
-        if (kvs_dtype_parse(val, &s->type) != 0) {
-            cli_error(cmd, "--synthetic type: unknown type '%s' (f32, f16, bf16, q8_0, q4_0)",
-                      val);
+        if (kvs_wtype_parse(val, &s->wt) != 0) {
+            cli_error(cmd, "--synthetic type: unknown type '%s' (" KVS_WTYPE_NAMES ")", val);
             return -1;
         }
         return 0;
@@ -75,7 +74,7 @@ static int parse_shape(const char *cmd, const char *spec, shape *s)
     memset(s, 0, sizeof *s);
     s->hp.dim = 768, s->hp.hidden = 2048, s->hp.n_layers = 12, s->hp.n_heads = 12;
     s->hp.n_kv_heads = -1, s->hp.vocab = 512, s->hp.ctx = 0;
-    s->type = KVS_F32;
+    s->wt = KVS_WTYPE(KVS_F32);
     int seen[N_SHAPE_INTS + 1] = {0};
     for (const char *p = spec;;) {
         size_t len = strcspn(p, ","), klen = strcspn(p, "=");
@@ -152,7 +151,7 @@ static int bench(const cli_args *a)
         label = synthetic;
         if (isatty(STDERR_FILENO))
             fprintf(stderr, "writing synthetic model %s ...\n", model_path);
-        if (kvs_synthetic_write_to(&sh.hp, sh.type, 1234, &model_out, stderr, &err) != KVS_OK) {
+        if (kvs_synthetic_write_to(&sh.hp, sh.wt, 1234, &model_out, stderr, &err) != KVS_OK) {
             cli_error(cmd, "%s", err.msg);
             return CLI_FAIL;
         }

@@ -59,9 +59,9 @@ static int convert(const cli_args *a)
         cli_error(cmd, "needs MODEL.bin, --tokenizer TOK.bin and -o OUT.gguf (see --help)");
         return CLI_USAGE;
     }
-    kvs_dtype type = KVS_F32;
-    if (a->given[FL_TYPE] && kvs_dtype_parse(a->str[FL_TYPE], &type) != 0) {
-        cli_error(cmd, "--type: unknown type '%s'", a->str[FL_TYPE]); /* the table lists more */
+    kvs_wtype wt = KVS_WTYPE(KVS_F32);
+    if (a->given[FL_TYPE] && kvs_wtype_parse(a->str[FL_TYPE], &wt) != 0) {
+        cli_error(cmd, "--type: unknown type '%s' (" KVS_WTYPE_NAMES ")", a->str[FL_TYPE]);
         return CLI_USAGE;
     }
     static int dup[MAX_DUP];
@@ -73,13 +73,13 @@ static int convert(const cli_args *a)
     if (cli_check_output(cmd, &dst, NULL) != 0)
         return CLI_FAIL;
     kvs_error err = {0};
-    kvs_status st = kvs_llama2c_convert_dup_to(model, tok, type, dup, n_dup, &dst, stderr, &err);
+    kvs_status st = kvs_llama2c_convert_dup_to(model, tok, wt, dup, n_dup, &dst, stderr, &err);
     if (st != KVS_OK) {
         cli_error(cmd, "%s%s", n_dup && st == KVS_ERR_ARG ? "--duplicate-layers: " : "",
                   err.msg);
         return cli_status_exit(st);
     }
-    fprintf(stderr, "wrote %s (%s)\n", out, kvs_dtype_name(type));
+    fprintf(stderr, "wrote %s (%s)\n", out, kvs_wtype_name(wt));
     return CLI_OK;
 }
 

@@ -19,6 +19,12 @@ int kvs_deq_type(kvs_dtype t);
  * results are the F32 weights `llama-quantize ... F32` writes. Does nothing for other types. */
 void kvs_dequantize_row_ref(kvs_dtype t, const void *src, float *dst, int64_t n);
 
+/* quantize_kq.c: the inverse for Q4_K, Q5_K and Q6_K (the K-quants kvslim writes): n finite
+ * elements (a multiple of 256) from src to n / 256 blocks at dst. Every element comes back from
+ * kvs_dequantize_row_ref within half of its sub-block's quantisation step (the method and the
+ * bound are in quantize_kq.c). Does nothing for other types. kvs_quantize_row dispatches here. */
+void kvs_quantize_row_kq(kvs_dtype t, const float *src, void *dst, int64_t n);
+
 /* dequant_simd.c: the same, vectorised with AVX2 where available (bit-identical to the
  * reference: the same fp32 operations in the same order per element); the reference otherwise. */
 void kvs_dequantize_row_simd(kvs_dtype t, const void *src, float *dst, int64_t n);

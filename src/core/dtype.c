@@ -7,7 +7,11 @@ static const struct {
     const char *name;
     size_t block_elems;
     size_t block_bytes;
-    int writable; /* kvs_quantize_row has a quantiser (and kvs_dtype_parse knows the name) */
+    /* kvs_dtype_parse knows the name: the types of 32-element blocks or less that
+     * kvs_quantize_row writes, offered wherever a row type is chosen (also the KV cache's).
+     * The K-quants it writes too (Q4_K, Q5_K, Q6_K) are offered only as weight types, through
+     * model/llama_write.h's kvs_wtype_parse: a row of 256-element blocks fits weights only. */
+    int writable;
 } dtype_table[] = {
     {KVS_F32, "f32", 1, 4, 1},
     {KVS_F16, "f16", 1, 2, 1},

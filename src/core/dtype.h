@@ -128,9 +128,11 @@ typedef struct {
 /* 1 for a type kvslim supports, 0 otherwise (any uint32 may be passed). */
 int kvs_dtype_valid(uint32_t t);
 const char *kvs_dtype_name(kvs_dtype t);
-/* Parses "f32", "f16", "bf16", "q8_0", "q4_0" (case-insensitive): the types kvslim can write
- * (kvs_quantize_row), which the command line offers. The types it only reads (Q4_1, Q5_0, Q5_1,
- * the K-quants, IQ4_NL) are refused. Returns 0 on success. */
+/* Parses "f32", "f16", "bf16", "q8_0", "q4_0" (case-insensitive): the row types kvslim can
+ * write (kvs_quantize_row) in blocks of at most 32, which the command line offers. The types it
+ * only reads (Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL) are refused, and so are the K-quants it
+ * writes as weights only (Q4_K, Q5_K, Q6_K: see model/llama_write.h's kvs_wtype_parse).
+ * Returns 0 on success. */
 int kvs_dtype_parse(const char *name, kvs_dtype *out);
 size_t kvs_dtype_block_elems(kvs_dtype t);
 size_t kvs_dtype_block_bytes(kvs_dtype t);

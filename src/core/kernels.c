@@ -138,6 +138,9 @@ void kvs_quantize_row(kvs_dtype t, const float *src, void *dst, int64_t n)
     case KVS_Q4_0:
         quantize_q4_0(src, dst, n);
         break;
+    case KVS_Q4_K: case KVS_Q5_K: case KVS_Q6_K:
+        kvs_quantize_row_kq(t, src, dst, n);
+        break;
     default: /* no quantiser for the types kvslim only reads (see kernels.h) */
         abort();
     }

@@ -27,11 +27,13 @@ uint16_t kvs_fp32_to_bf16(float f);
 /* Row conversion between fp32 and any dtype. n must be a multiple of the block size.
  * Dequantisation covers every dtype (Q4_1, Q5_0, Q5_1, the K-quants and IQ4_NL through
  * dequant.h, bit-identical to GGML's dequantize_row_*). Quantisation covers F32, F16, BF16,
- * Q8_0 and Q4_0 only (the types kvslim writes; any other type aborts, a caller bug) and follows
- * the standard GGML reference layouts bit for bit:
+ * Q8_0, Q4_0, Q4_K, Q5_K and Q6_K (the types kvslim writes; any other type aborts, a caller
+ * bug). Q8_0 and Q4_0 follow the standard GGML reference quantisers bit for bit:
  *   Q8_0: d = amax / 127, q = round(x / d)
  *   Q4_0: d = max / -8 (max = the element of largest magnitude, with its sign),
- *         q = min(15, (int8)(x / d + 8.5)) */
+ *         q = min(15, (int8)(x / d + 8.5))
+ * The K-quants use kvslim's own direct method (dequant.h, quantize_kq.c): GGML's block layouts,
+ * not llama.cpp's search for the least-squares scales, so the bytes differ from llama.cpp's. */
 void kvs_dequantize_row(kvs_dtype t, const void *src, float *dst, int64_t n);
 void kvs_quantize_row(kvs_dtype t, const float *src, void *dst, int64_t n);
 

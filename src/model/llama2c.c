@@ -146,14 +146,14 @@ static kvs_status with_inputs(const kvs_outfile_spec *out, const char *model_pat
     return KVS_OK;
 }
 
-kvs_status kvs_llama2c_convert_to(const char *model_path, const char *tok_path, kvs_dtype type,
+kvs_status kvs_llama2c_convert_to(const char *model_path, const char *tok_path, kvs_wtype wt,
                                   const kvs_outfile_spec *out_in, FILE *log, kvs_error *err)
 {
-    return kvs_llama2c_convert_dup_to(model_path, tok_path, type, NULL, 0, out_in, log, err);
+    return kvs_llama2c_convert_dup_to(model_path, tok_path, wt, NULL, 0, out_in, log, err);
 }
 
 kvs_status kvs_llama2c_convert_dup_to(const char *model_path, const char *tok_path,
-                                      kvs_dtype type, const int *dup, int n_dup,
+                                      kvs_wtype wt, const int *dup, int n_dup,
                                       const kvs_outfile_spec *out_in, FILE *log, kvs_error *err)
 {
     if (!model_path || !tok_path || !out_in || !out_in->path)
@@ -199,7 +199,7 @@ kvs_status kvs_llama2c_convert_dup_to(const char *model_path, const char *tok_pa
         if (n_dup > 0)
             st = kvs_llama_duplicate_layers(&ck.src, dup, n_dup, &up, &up_layers, err);
         if (st == KVS_OK)
-            st = kvs_llama_write_gguf(&up, tok, type, &out, log, err);
+            st = kvs_llama_write_gguf(&up, tok, wt, &out, log, err);
         free(up_layers);
     }
     kvs_tokenizer_free(tok);
@@ -210,9 +210,9 @@ kvs_status kvs_llama2c_convert_dup_to(const char *model_path, const char *tok_pa
     return st;
 }
 
-kvs_status kvs_llama2c_convert(const char *model_path, const char *tok_path, kvs_dtype type,
+kvs_status kvs_llama2c_convert(const char *model_path, const char *tok_path, kvs_wtype wt,
                                const char *out_path, FILE *log, kvs_error *err)
 {
     kvs_outfile_spec out = {.path = out_path};
-    return kvs_llama2c_convert_to(model_path, tok_path, type, &out, log, err);
+    return kvs_llama2c_convert_to(model_path, tok_path, wt, &out, log, err);
 }

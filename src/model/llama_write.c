@@ -1,7 +1,10 @@
+/* Writing llama-architecture GGUF files from fp32 weights: metadata, vocabulary, and each
+ * matrix in the type its file's weight types (one type, or a K-quant mix) give it. */
 #include "model/llama_write.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "core/kernels.h"
 
@@ -34,10 +37,104 @@ static void owned_free(owned_list *o)
     free(o->items);
 }
 
+/* ---- Weight types: one type for all matrices, or llama.cpp's K-quant mixes ------------------
+ *
+ * The mixes follow llama.cpp's llama_tensor_get_type (llama-quant.cpp) for a llama model
+ * without experts, restated:
+ *   - q6_k: every matrix Q6_K, token_embd and output included.
+ *   - q4_k_m / q5_k_m: the output matrix (or token_embd when the output is tied to it, as it
+ *     then serves as the output) is Q6_K. In "more bits" layers, attn_v and ffn_down are Q6_K
+ *     too: the first eighth of the layers, the last eighth, and every third layer in between
+ *     (use_more_bits below). Every other matrix, token_embd included, is Q4_K / Q5_K.
+ *   - q4_k / q5_k (no such llama.cpp file type: its "pure" option): every matrix that type.
+ * For 2 layers this gives Q6_K to output, blk.1.attn_v and blk.1.ffn_down, the types of
+ * shared/models/arch/llama3-q4_k_m.gguf. llama.cpp counts attn_v and ffn_down tensors rather
+ * than layers; with one of each per layer the count is the layer index.
+ *
+ * Rows that are not whole 256-element super-blocks cannot be K-quants. llama.cpp then falls
+ * back to Q5_0 (for Q4_K), Q5_1 (Q5_K) or Q8_0 (Q6_K, and the output of a mix); kvslim has no
+ * Q5_0 / Q5_1 quantiser, so it writes Q8_0 for all three (at least as precise), or F16 if the
+ * rows are not whole 32-element blocks either, as llama.cpp does, with a note in the log. */
+
+static const struct {
+    const char *name;
+    kvs_wtype wt;
+    uint32_t file_type; /* general.file_type: llama.cpp's enum llama_ftype */
+} wtype_table[] = {
+    {"f32", {KVS_F32, 0}, 0},     {"f16", {KVS_F16, 0}, 1},     {"bf16", {KVS_BF16, 0}, 32},
+    {"q8_0", {KVS_Q8_0, 0}, 7},   {"q4_0", {KVS_Q4_0, 0}, 2},
+    /* All-Q4_K / all-Q5_K files have no llama.cpp file type: the closest are Q4_K_S (14) and
+     * Q5_K_S (16), the mixes that are mostly of that type. */
+    {"q4_k", {KVS_Q4_K, 0}, 14},  {"q5_k", {KVS_Q5_K, 0}, 16},  {"q6_k", {KVS_Q6_K, 0}, 18},
+    {"q4_k_m", {KVS_Q4_K, 1}, 15}, {"q5_k_m", {KVS_Q5_K, 1}, 17},
+};
+#define N_WTYPES (sizeof wtype_table / sizeof wtype_table[0])
+
+static int wtype_index(kvs_wtype w)
+{
+    for (size_t i = 0; i < N_WTYPES; i++)
+        if (wtype_table[i].wt.type == w.type && wtype_table[i].wt.mix_m == (w.mix_m != 0))
+            return (int)i;
+    return -1;
+}
+
+int kvs_wtype_parse(const char *name, kvs_wtype *out)
+{
+    for (size_t i = 0; i < N_WTYPES; i++)
+        if (strcasecmp(name, wtype_table[i].name) == 0) {
+            *out = wtype_table[i].wt;
+            return 0;
+        }
+    return -1;
+}
+
+const char *kvs_wtype_name(kvs_wtype w)
+{
+    const int i = wtype_index(w);
+    return i < 0 ? kvs_dtype_name(w.type) : wtype_table[i].name;
+}
+
+/* What a matrix is to the mix rules. */
+typedef enum matrix_role { ROLE_OTHER, ROLE_OUTPUT, ROLE_ATTN_V, ROLE_FFN_DOWN } matrix_role;
+
+/* llama.cpp's use_more_bits: the first and last eighth of the layers and every third layer
+ * between them (integer division, as there). */
+static int use_more_bits(int i, int n)
+{
+    return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+}
+
+/* The type the mix gives a matrix of this role in layer `layer` of n_layers. */
+static kvs_dtype mix_type(kvs_wtype wt, matrix_role role, int layer, int n_layers)
+{
+    if (!wt.mix_m)
+        return wt.type;
+    if (role == ROLE_OUTPUT)
+        return KVS_Q6_K;
+    if ((role == ROLE_ATTN_V || role == ROLE_FFN_DOWN) && use_more_bits(layer, n_layers))
+        return KVS_Q6_K;
+    return wt.type;
+}
+
+/* The type actually written for rows of `cols` elements: t, or its fallback when the rows are
+ * not whole blocks of t (a note naming the tensor goes to log). */
+static kvs_dtype fit_rows(kvs_dtype t, const char *name, int cols, FILE *log)
+{
+    if ((size_t)cols % kvs_dtype_block_elems(t) == 0)
+        return t;
+    kvs_dtype alt = kvs_dtype_is_kquant(t) && cols % KVS_QK == 0 ? KVS_Q8_0 : KVS_F16;
+    if (log)
+        fprintf(log, "note: %s has rows of %d, not a multiple of the %s block size %zu; "
+                     "stored as %s\n", name, cols, kvs_dtype_name(t), kvs_dtype_block_elems(t),
+                kvs_dtype_name(alt));
+    return alt;
+}
+
 typedef struct writer_ctx {
     kvs_gguf_writer *w;
     owned_list owned;
-    kvs_dtype type;
+    kvs_wtype wt;
+    int n_layers;
     FILE *log;
     kvs_error *err;
 } writer_ctx;
@@ -48,17 +145,11 @@ static kvs_status add_vector(writer_ctx *c, const char *name, const float *data,
     return kvs_gguf_add_tensor(c->w, name, KVS_F32, 1, dims, data, c->err);
 }
 
+/* A rows x cols matrix of role `role` in layer `layer` (-1 outside the layers). */
 static kvs_status add_matrix(writer_ctx *c, const char *name, const float *data, int rows,
-                             int cols)
+                             int cols, matrix_role role, int layer)
 {
-    kvs_dtype t = c->type;
-    if ((size_t)cols % kvs_dtype_block_elems(t) != 0) {
-        if (c->log)
-            fprintf(c->log, "note: %s has rows of %d, not a multiple of the %s block size %zu; "
-                            "stored as f16\n", name, cols, kvs_dtype_name(t),
-                    kvs_dtype_block_elems(t));
-        t = KVS_F16;
-    }
+    const kvs_dtype t = fit_rows(mix_type(c->wt, role, layer, c->n_layers), name, cols, c->log);
     uint64_t dims[2] = {(uint64_t)cols, (uint64_t)rows}, row_bytes = 0;
     const void *out = data;
     if (t != KVS_F32) {
@@ -73,17 +164,10 @@ static kvs_status add_matrix(writer_ctx *c, const char *name, const float *data,
     return kvs_gguf_add_tensor(c->w, name, t, 2, dims, out, c->err);
 }
 
-static int file_type_id(kvs_dtype t)
+static uint32_t file_type_id(kvs_wtype wt)
 {
-    switch (t) {
-    case KVS_F32: return 0;
-    case KVS_F16: return 1;
-    case KVS_Q4_0: return 2;
-    case KVS_Q8_0: return 7;
-    case KVS_BF16: return 32;
-    default: break; /* types kvslim reads but does not write */
-    }
-    return 0;
+    const int i = wtype_index(wt);
+    return i < 0 ? 0 : wtype_table[i].file_type;
 }
 
 static kvs_status write_synthetic_vocab(kvs_gguf_writer *w, int vocab)
@@ -131,13 +215,13 @@ static kvs_status write_synthetic_vocab(kvs_gguf_writer *w, int vocab)
     return st;
 }
 
-static kvs_status set_metadata(kvs_gguf_writer *w, const kvs_llama_src *src, kvs_dtype type)
+static kvs_status set_metadata(kvs_gguf_writer *w, const kvs_llama_src *src, kvs_wtype wt)
 {
     const kvs_hparams *hp = &src->hp;
     kvs_status st;
     if ((st = kvs_gguf_set_str(w, "general.architecture", "llama")) ||
         (st = kvs_gguf_set_str(w, "general.name", src->name ? src->name : "llama")) ||
-        (st = kvs_gguf_set_u32(w, "general.file_type", (uint32_t)file_type_id(type))) ||
+        (st = kvs_gguf_set_u32(w, "general.file_type", file_type_id(wt))) ||
         (st = kvs_gguf_set_u32(w, "llama.context_length", (uint32_t)hp->ctx)) ||
         (st = kvs_gguf_set_u32(w, "llama.embedding_length", (uint32_t)hp->dim)) ||
         (st = kvs_gguf_set_u32(w, "llama.feed_forward_length", (uint32_t)hp->hidden)) ||
@@ -148,45 +232,55 @@ static kvs_status set_metadata(kvs_gguf_writer *w, const kvs_llama_src *src, kvs
         (st = kvs_gguf_set_f32(w, "llama.rope.freq_base", hp->rope_base)) ||
         (st = kvs_gguf_set_f32(w, "llama.attention.layer_norm_rms_epsilon", hp->eps)))
         return st;
-    if (type == KVS_Q8_0 || type == KVS_Q4_0)
+    if (wt.type != KVS_F32 && wt.type != KVS_F16 && wt.type != KVS_BF16)
         st = kvs_gguf_set_u32(w, "general.quantization_version", 2);
     return st;
 }
 
 kvs_status kvs_llama_write_gguf(const kvs_llama_src *src, const kvs_tokenizer *tok,
-                                kvs_dtype type, const kvs_outfile_spec *out, FILE *log,
+                                kvs_wtype wt, const kvs_outfile_spec *out, FILE *log,
                                 kvs_error *err)
 {
     const char *path = out->path;
     const kvs_hparams *hp = &src->hp;
     const int q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
-    writer_ctx c = {kvs_gguf_writer_new(), {0}, type, log, err};
+    if (wtype_index(wt) < 0)
+        return kvs_fail(err, KVS_ERR_ARG, "%s: kvslim cannot write weights of type %s", path,
+                        kvs_dtype_name(wt.type));
+    writer_ctx c = {kvs_gguf_writer_new(), {0}, wt, hp->n_layers, log, err};
     if (!c.w)
         return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
-    kvs_status st = set_metadata(c.w, src, type);
+    kvs_status st = set_metadata(c.w, src, wt);
     if (st == KVS_OK)
         st = tok ? kvs_tokenizer_to_gguf(tok, c.w) : write_synthetic_vocab(c.w, hp->vocab);
     if (st != KVS_OK)
         kvs_fail(err, st, "%s: could not build metadata (%s)", path, kvs_status_name(st));
+    /* A tied token_embd is also the output matrix, and gets the output's type (llama.cpp). */
     if (st == KVS_OK)
-        st = add_matrix(&c, "token_embd.weight", src->tok_embd, hp->vocab, hp->dim);
+        st = add_matrix(&c, "token_embd.weight", src->tok_embd, hp->vocab, hp->dim,
+                        src->output ? ROLE_OTHER : ROLE_OUTPUT, -1);
     if (st == KVS_OK)
         st = add_vector(&c, "output_norm.weight", src->output_norm, hp->dim);
     if (st == KVS_OK && src->output)
-        st = add_matrix(&c, "output.weight", src->output, hp->vocab, hp->dim);
+        st = add_matrix(&c, "output.weight", src->output, hp->vocab, hp->dim, ROLE_OUTPUT, -1);
     for (int l = 0; st == KVS_OK && l < hp->n_layers; l++) {
         const kvs_llama_src_layer *L = &src->layers[l];
         char name[96];
 #define NAME(suffix) (snprintf(name, sizeof name, "blk.%d.%s", l, suffix), name)
         if ((st = add_vector(&c, NAME("attn_norm.weight"), L->attn_norm, hp->dim)) ||
-            (st = add_matrix(&c, NAME("attn_q.weight"), L->wq, q_dim, hp->dim)) ||
-            (st = add_matrix(&c, NAME("attn_k.weight"), L->wk, kv_dim, hp->dim)) ||
-            (st = add_matrix(&c, NAME("attn_v.weight"), L->wv, kv_dim, hp->dim)) ||
-            (st = add_matrix(&c, NAME("attn_output.weight"), L->wo, hp->dim, q_dim)) ||
+            (st = add_matrix(&c, NAME("attn_q.weight"), L->wq, q_dim, hp->dim, ROLE_OTHER, l)) ||
+            (st = add_matrix(&c, NAME("attn_k.weight"), L->wk, kv_dim, hp->dim, ROLE_OTHER, l)) ||
+            (st = add_matrix(&c, NAME("attn_v.weight"), L->wv, kv_dim, hp->dim, ROLE_ATTN_V,
+                             l)) ||
+            (st = add_matrix(&c, NAME("attn_output.weight"), L->wo, hp->dim, q_dim, ROLE_OTHER,
+                             l)) ||
             (st = add_vector(&c, NAME("ffn_norm.weight"), L->ffn_norm, hp->dim)) ||
-            (st = add_matrix(&c, NAME("ffn_gate.weight"), L->w_gate, hp->hidden, hp->dim)) ||
-            (st = add_matrix(&c, NAME("ffn_down.weight"), L->w_down, hp->dim, hp->hidden)) ||
-            (st = add_matrix(&c, NAME("ffn_up.weight"), L->w_up, hp->hidden, hp->dim)))
+            (st = add_matrix(&c, NAME("ffn_gate.weight"), L->w_gate, hp->hidden, hp->dim,
+                             ROLE_OTHER, l)) ||
+            (st = add_matrix(&c, NAME("ffn_down.weight"), L->w_down, hp->dim, hp->hidden,
+                             ROLE_FFN_DOWN, l)) ||
+            (st = add_matrix(&c, NAME("ffn_up.weight"), L->w_up, hp->hidden, hp->dim, ROLE_OTHER,
+                             l)))
             break;
 #undef NAME
     }

@@ -19,7 +19,7 @@ static void fill_normal(float *x, size_t n, float sd, uint64_t *s)
     }
 }
 
-kvs_status kvs_synthetic_write_to(const kvs_hparams *hp_in, kvs_dtype type, uint64_t seed,
+kvs_status kvs_synthetic_write_to(const kvs_hparams *hp_in, kvs_wtype wt, uint64_t seed,
                                   const kvs_outfile_spec *out, FILE *log, kvs_error *err)
 {
     kvs_hparams hp = *hp_in;
@@ -83,17 +83,17 @@ kvs_status kvs_synthetic_write_to(const kvs_hparams *hp_in, kvs_dtype type, uint
         L->w_down = m;
     }
 #undef TAKE
-    st = kvs_llama_write_gguf(&src, NULL, type, out, log, err);
+    st = kvs_llama_write_gguf(&src, NULL, wt, out, log, err);
     free(w);
     free(layers);
     return st;
 }
 
-kvs_status kvs_synthetic_write(const kvs_hparams *hp, kvs_dtype type, uint64_t seed,
+kvs_status kvs_synthetic_write(const kvs_hparams *hp, kvs_wtype wt, uint64_t seed,
                                const char *path, FILE *log, kvs_error *err)
 {
     if (!path)
         return kvs_fail(err, KVS_ERR_ARG, "synthetic model: NULL path");
     kvs_outfile_spec out = {.path = path};
-    return kvs_synthetic_write_to(hp, type, seed, &out, log, err);
+    return kvs_synthetic_write_to(hp, wt, seed, &out, log, err);
 }
