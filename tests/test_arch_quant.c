@@ -5,15 +5,16 @@
  * the prefill kernels) and token by token (1 thread, the decode kernels), their top-1 ids, and the
  * 32-token greedy continuation.
  *
- * Q4_K, Q5_K, Q6_K and IQ4_NL weights are multiplied in fp32 without quantising the activations
- * (core/matmul_deq.c), so the files made of them only (q4_k_m, q5_k_m, q6_k, iq4_nl) must match
- * the `.deq` references to fp32 rounding: every logit within LOGIT_TOL, the top-1 id of every
- * row and the whole greedy continuation equal. Q8_0 and Q4_0 weights go through kvslim's older
- * integer kernels (core/kernels_matmul.c), which quantise the activations to 8-bit blocks of 32
- * as GGML does (with an fp32 block scale where GGML has fp16), so the q8_0 and q4_0 files are
- * held to the README's envelope for activation quantisation instead (max 0.75, rms 0.15 against
- * `.deq`), and their greedy ids are only reported. The native references (`<name>.logits.f32`,
- * llama.cpp with Q8_0 / Q8_K-quantised activations) are reported for every file. */
+ * Every matrix type of these files is multiplied with the activations quantised to 8-bit blocks
+ * of 32 (fp32 block scales): Q8_0 and Q4_0 by core/kernels_matmul.c, Q4_K, Q5_K, Q6_K and IQ4_NL
+ * by core/matmul_kq.c, as GGML does (it has fp16 scales for Q8_0, one scale per 256 for the
+ * K-quants). So every file is held to the README's envelope for activation quantisation (max
+ * 0.75, rms 0.15 against `.deq`; measured for the K-quant and IQ4_NL files: max 0.47 .. 0.52,
+ * rms 0.096 .. 0.098, where llama.cpp's own native runs are at max 0.83 .. 0.88 from `.deq`),
+ * and the greedy ids are only reported. The exact path (fp32 activations, core/matmul_deq.c)
+ * would match `.deq` to LOGIT_TOL; the `exact` flag below keeps that check for a file whose
+ * types all go there. The native references (`<name>.logits.f32`, llama.cpp with Q8_0 /
+ * Q8_K-quantised activations) are reported for every file. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -231,8 +232,8 @@ int main(void)
         static const struct {
             const char *name;
             int exact; /* every matrix multiplied with fp32 activations */
-        } files[] = {{"llama3-q4_k_m", 1}, {"llama3-q5_k_m", 1}, {"llama3-q6_k", 1},
-                     {"llama3-q8_0", 0},   {"llama3-q4_0", 0},   {"llama3-iq4_nl", 1}};
+        } files[] = {{"llama3-q4_k_m", 0}, {"llama3-q5_k_m", 0}, {"llama3-q6_k", 0},
+                     {"llama3-q8_0", 0},   {"llama3-q4_0", 0},   {"llama3-iq4_nl", 0}};
         for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
             test_file(files[i].name, files[i].exact, tokens);
     }

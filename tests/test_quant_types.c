@@ -1,9 +1,12 @@
 /* The GGUF block types Q4_1, Q5_0, Q5_1, Q2_K .. Q6_K and IQ4_NL: type table, the bit layouts
  * (an independent packer in this file against the reference dequantiser), the vectorised
- * dequantisers against the reference (bit for bit), the matrix kernels against the fp32
- * reference (within fp32 rounding) for several shapes and 1 and 2 threads, the layouts on real
- * llama.cpp files (dequantised weights against the F32 originals), the GGUF size checks, and a
- * model with every type loaded and run against its own dequantised F32 copy. */
+ * dequantisers against the reference (bit for bit), the exact matrix kernels (kvs_matmul_deq)
+ * against the fp32 reference (within fp32 rounding) for several shapes and 1 and 2 threads, the
+ * layouts on real llama.cpp files (dequantised weights against the F32 originals), the GGUF size
+ * checks, and a model with every type loaded and run against its own dequantised F32 copy.
+ * kvs_matmul sends Q4_K, Q5_K, Q6_K and IQ4_NL to the 8-bit-activation kernels instead
+ * (core/matmul_kq.c, tested in test_matmul_kq.c); the matrix checks here call kvs_matmul_deq
+ * directly for those types, so the exact path stays tested for every type. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -12,6 +15,7 @@
 #include "check.h"
 #include "core/dequant.h"
 #include "core/kernels.h"
+#include "core/matmul_kq.h"
 #include "gguf/gguf.h"
 #include "model/llama_write.h"
 #include "kvslim.h"
@@ -363,7 +367,8 @@ static void check_matmul(kvs_pool **pools, int n_pools, kvs_dtype t, int n_rows,
     for (int p = 0; p < n_pools; p++) {
         for (int i = 0; i < n_rows * n_out; i++)
             y[i] = NAN;
-        CHECK(kvs_matmul(pools[p], y, x, w, t, n_rows, n_in, n_out) == KVS_OK);
+        CHECK((kvs_kq_type(t) ? kvs_matmul_deq(pools[p], y, x, w, t, n_rows, n_in, n_out)
+                              : kvs_matmul(pools[p], y, x, w, t, n_rows, n_in, n_out)) == KVS_OK);
         int bad = 0;
         double worst = 0;
         for (size_t i = 0; i < (size_t)n_rows * n_out; i++) {
@@ -783,7 +788,10 @@ static void test_model_all_types(void)
             }
             printf("model of every type, %d thread(s): max |logit - F32 copy| batch %.3g, token by "
                    "token %.3g (logits up to %.3g)\n", threads, worst, worst_tok, big);
-            CHECKF(worst <= 1e-4 * (1 + big) && worst_tok <= 1e-4 * (1 + big),
+            /* the Q4_K, Q5_K, Q6_K and IQ4_NL matrices quantise x to 8-bit blocks of 32
+             * (matmul_kq.c): measured 0.0089 with logits up to 1.75; a wrong layout or wiring
+             * is off by the size of the logits */
+            CHECKF(worst <= 1e-2 * (1 + big) && worst_tok <= 1e-2 * (1 + big),
                    "batch %g, token by token %g", worst, worst_tok);
             kvs_session_free(sq);
             kvs_session_free(sd);

@@ -41,6 +41,7 @@
 #include "dequant.h"
 #include "kernels.h"
 #include "kernels_internal.h"
+#include "matmul_kq.h"
 
 #if KVS_AVX512 || KVS_AVX2
 #include <immintrin.h>
@@ -1012,7 +1013,9 @@ kvs_status kvs_matmul(kvs_pool *pool, float *y, const float *x, const void *w, k
         memset(y, 0, (size_t)n_rows * n_out * sizeof(float));
         return KVS_OK;
     }
-    if (kvs_deq_type(wt)) /* Q4_1, Q5_0, Q5_1, K-quants, IQ4_NL: fp32 x, dequantised W */
+    if (kvs_kq_type(wt)) /* Q4_K, Q5_K, Q6_K, IQ4_NL: 8-bit x, integer dots (matmul_kq.c) */
+        return kvs_matmul_kq(pool, y, x, w, wt, n_rows, n_in, n_out);
+    if (kvs_deq_type(wt)) /* Q4_1, Q5_0, Q5_1, Q2_K, Q3_K: fp32 x, dequantised W */
         return kvs_matmul_deq(pool, y, x, w, wt, n_rows, n_in, n_out);
     const int nth = pool ? kvs_pool_size(pool) : 1;
     const int quant = wt == KVS_Q8_0 || wt == KVS_Q4_0;
