@@ -2,6 +2,10 @@
  *
  *   bench_matmul [reps] [types] [threads]     e.g. bench_matmul 5 f32,q8_0 2
  * (defaults: 5 reps; f32,f16,bf16,q8_0,q4_0; 1 and 2 threads)
+ * Types: f32, f16, bf16, q8_0, q4_0 (weights quantised from random values), and the read-only
+ * types q4_k, q5_k, q6_k, iq4_nl (random quant bytes, finite fp16 scales), which kvs_matmul
+ * multiplies with 8-bit activations (core/matmul_kq.c); with the suffix ":exact" (q4_k:exact)
+ * the same weights go through kvs_matmul_deq instead (fp32 activations, dequantised weights).
  *
  * For each weight type and 1 and 2 threads:
  *   prefill  n_rows = 512, per shape GFLOP/s (2*rows*in*out / time), best of reps
@@ -18,15 +22,17 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/dequant.h"
 #include "core/kernels.h"
 
 extern void openblas_set_num_threads(int);
 
-/* kvs_matmul, stopping the benchmark if it cannot run. */
+/* kvs_matmul (or, exact != 0, kvs_matmul_deq), stopping the benchmark if it cannot run. */
 static void mm(kvs_pool *pool, float *y, const float *x, const void *w, kvs_dtype wt, int rows,
-               int n_in, int n_out)
+               int n_in, int n_out, int exact)
 {
-    kvs_status st = kvs_matmul(pool, y, x, w, wt, rows, n_in, n_out);
+    kvs_status st = exact ? kvs_matmul_deq(pool, y, x, w, wt, rows, n_in, n_out)
+                          : kvs_matmul(pool, y, x, w, wt, rows, n_in, n_out);
     if (st != KVS_OK) {
         fprintf(stderr, "bench_matmul: kvs_matmul: %s\n", kvs_status_name(st));
         exit(1);
@@ -49,12 +55,35 @@ static float rnd(void)
     return (float)((rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
 }
 
+/* Random blocks of a read-only type: random bytes, then fp16 scales of about 0.05 / the
+ * largest raw value, so that the weights are of the size make_weights gives the others. */
+static void random_blocks(kvs_dtype wt, char *w, size_t bytes)
+{
+    const size_t bb = kvs_dtype_block_bytes(wt);
+    const float range = wt == KVS_Q4_K ? 945 : wt == KVS_Q5_K ? 1953 : wt == KVS_Q6_K ? 4064 : 127;
+    for (size_t i = 0; i < bytes; i++)
+        w[i] = (char)(rnd() * 127.0f);
+    for (char *p = w; p < w + bytes; p += bb) {
+        const uint16_t d = kvs_fp32_to_fp16(0.05f * rnd() / range), m = kvs_fp32_to_fp16(0.05f * rnd() / range);
+        switch ((int)wt) {
+        case KVS_Q4_K: ((kvs_block_q4_K *)p)->d = d, ((kvs_block_q4_K *)p)->dmin = m; break;
+        case KVS_Q5_K: ((kvs_block_q5_K *)p)->d = d, ((kvs_block_q5_K *)p)->dmin = m; break;
+        case KVS_Q6_K: ((kvs_block_q6_K *)p)->d = d; break;
+        default: ((kvs_block_iq4_nl *)p)->d = d; break;
+        }
+    }
+}
+
 static void *make_weights(kvs_dtype wt, int n_in, int n_out, size_t *bytes)
 {
     uint64_t rb;
     kvs_dtype_bytes(wt, (uint64_t)n_in, &rb);
     *bytes = (size_t)rb * n_out;
     char *w = aligned_alloc(64, (*bytes + 63) / 64 * 64);
+    if (kvs_deq_type(wt)) {
+        random_blocks(wt, w, *bytes);
+        return w;
+    }
     float *row = malloc(sizeof(float) * n_in);
     for (int o = 0; o < n_out; o++) {
         for (int i = 0; i < n_in; i++)
@@ -87,7 +116,7 @@ static void blas_task(void *p, int ith, int nth)
                 c->n_in, c->w + (size_t)o0 * c->n_in, c->n_in, 0.0f, c->y + o0, c->n_out);
 }
 
-static void bench_type(kvs_dtype wt, int nt, int reps, int with_blas)
+static void bench_type(kvs_dtype wt, int exact, int nt, int reps, int with_blas)
 {
     kvs_pool *pool = kvs_pool_create(nt);
     const int rows = 512;
@@ -98,16 +127,16 @@ static void bench_type(kvs_dtype wt, int nt, int reps, int with_blas)
 
     double pf_flops = 0, pf_time = 0, bl_time = 0;
     double hot_bytes = 0, hot_time = 0;
-    printf("%-5s %dT |", kvs_dtype_name(wt), nt);
+    printf("%-6s%s %dT |", kvs_dtype_name(wt), exact ? " exact" : "", nt);
     for (int s = 0; s < 3; s++) {
         const int n_in = shapes[s][0], n_out = shapes[s][1];
         size_t bytes;
         void *w = make_weights(wt, n_in, n_out, &bytes);
-        mm(pool, y, x, w, wt, rows, n_in, n_out); /* warm up */
+        mm(pool, y, x, w, wt, rows, n_in, n_out, exact); /* warm up */
         double best = 1e30;
         for (int r = 0; r < reps; r++) {
             double t = now();
-            mm(pool, y, x, w, wt, rows, n_in, n_out);
+            mm(pool, y, x, w, wt, rows, n_in, n_out, exact);
             t = now() - t;
             best = t < best ? t : best;
         }
@@ -132,7 +161,7 @@ static void bench_type(kvs_dtype wt, int nt, int reps, int with_blas)
         best = 1e30;
         for (int r = 0; r < reps * 20; r++) {
             double t = now();
-            mm(pool, y, x, w, wt, 1, n_in, n_out);
+            mm(pool, y, x, w, wt, 1, n_in, n_out, exact);
             t = now() - t;
             best = t < best ? t : best;
         }
@@ -162,7 +191,7 @@ static void bench_type(kvs_dtype wt, int nt, int reps, int with_blas)
         double t = now();
         for (int l = 0; l < LAYERS; l++)
             for (int m = 0; m < MATS; m++)
-                mm(pool, y, x, ws[l][m], wt, 1, shapes[mshape[m]][0], shapes[mshape[m]][1]);
+                mm(pool, y, x, ws[l][m], wt, 1, shapes[mshape[m]][0], shapes[mshape[m]][1], exact);
         t = now() - t;
         if (r > 0)
             best = t < best ? t : best;
@@ -175,6 +204,27 @@ static void bench_type(kvs_dtype wt, int nt, int reps, int with_blas)
     free(x);
     free(y);
     kvs_pool_destroy(pool);
+}
+
+/* A type name of the list: what kvs_dtype_parse knows, or a read-only type (optionally
+ * ":exact"). Returns 0 for anything else (skipped, e.g. "blas"). */
+static int parse_type(const char *tok, kvs_dtype *wt, int *exact)
+{
+    static const struct {
+        const char *name;
+        kvs_dtype t;
+    } ro[] = {{"q4_k", KVS_Q4_K}, {"q5_k", KVS_Q5_K}, {"q6_k", KVS_Q6_K}, {"iq4_nl", KVS_IQ4_NL}};
+    if (kvs_dtype_parse(tok, wt) == 0)
+        return 1;
+    for (size_t i = 0; i < sizeof ro / sizeof ro[0]; i++) {
+        const size_t n = strlen(ro[i].name);
+        if (strncmp(tok, ro[i].name, n) == 0 && (tok[n] == 0 || strcmp(tok + n, ":exact") == 0)) {
+            *wt = ro[i].t;
+            *exact = tok[n] != 0;
+            return 1;
+        }
+    }
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -192,10 +242,11 @@ int main(int argc, char **argv)
         char tmp[256];
         memcpy(tmp, buf, sizeof tmp);
         for (char *tok = strtok(tmp, ","); tok; tok = strtok(NULL, ",")) {
+            int exact = 0;
             kvs_dtype wt;
-            if (kvs_dtype_parse(tok, &wt) != 0)
+            if (!parse_type(tok, &wt, &exact))
                 continue;
-            bench_type(wt, nt, reps, with_blas);
+            bench_type(wt, exact, nt, reps, with_blas);
             fflush(stdout);
         }
     }

@@ -17,7 +17,7 @@
 # bare git directory of a fetched snapshot of github:ngxson/llama.cpp) with
 # ../shared/peers/build-llamacpp.sh (CPU-only Release, GGML_NATIVE=ON; about 6 minutes).
 #
-# Environment: TYPES ("q4_k_m q6_k"), THREADS ("1 2"), ROUNDS (3), N_PROMPT (512), N_GEN (128),
+# Environment: PEER_COMMIT (reported; default: LLAMACPP_GIT's HEAD), TYPES ("q4_k_m q6_k"), THREADS ("1 2"), ROUNDS (3), N_PROMPT (512), N_GEN (128),
 #   EXACT=1 (also time kvslim --exact-matmul), NO_BUILD=1 (don't rebuild kvslim).
 # Output: a markdown table on stdout, progress on stderr, BUILD_DIR/bench/native.json (raw
 # per-run JSON in BUILD_DIR/bench/native-raw/, models in BUILD_DIR/bench/models/).
@@ -53,7 +53,8 @@ if [ ! -x "$LLAMA_BENCH" ]; then
     log "== building llama-bench in $PEER_DIR (about 6 minutes)"
     LLAMA_BENCH=$(bash "$REPO/../shared/peers/build-llamacpp.sh" "$LLAMACPP_GIT" "$PEER_DIR")
 fi
-PEER_COMMIT=$(cat "$PEER_DIR/src/.commit" 2>/dev/null || echo "see $LLAMA_BENCH")
+# The snapshot's commit (llama-bench built from an extracted tree reports "unknown").
+PEER_COMMIT=${PEER_COMMIT:-$( { [ -n "${LLAMACPP_GIT:-}" ] && git -C "$LLAMACPP_GIT" rev-parse HEAD; } || echo unknown)}
 
 engines=(kvslim llama)
 [ -z "${EXACT:-}" ] || engines=(kvslim kvslim-exact llama)
@@ -98,7 +99,8 @@ for path in glob.glob(os.path.join(raw, '*.json')):
     else:
         pp = next(x['avg_ts'] for x in data if x['n_prompt'] > 0 and x['n_gen'] == 0)
         tg = next(x['avg_ts'] for x in data if x['n_gen'] > 0 and x['n_prompt'] == 0)
-        commit = data[0].get('build_commit', commit)
+        if data[0].get('build_commit', 'unknown') != 'unknown':
+            commit = data[0]['build_commit']
     runs[(engine, typ, int(t[1:]), int(r[1:]))] = (pp, tg)
 engines = sorted({k[0] for k in runs}, key=lambda e: (e == 'llama', e))
 rows = []

@@ -1,0 +1,260 @@
+/* kvs_matmul_kq (core/matmul_kq.c): Q4_K, Q5_K, Q6_K and IQ4_NL weights times 8-bit activations.
+ * For random weights and activations (zero rows, a row with one huge value, negative values),
+ * several shapes and 1 / 2 / 3 threads:
+ *  (a) the fast paths (gemv for few rows, tiles for many) against the scalar reference
+ *      kvs_matmul_kq_ref, within fp32 summation order;
+ *  (b) the reference and the fast paths against the exact fp32 product with the dequantised
+ *      weights, within the rigorous bound of the activation rounding: sum |w_i| xd_b / 2;
+ *  (c) kvs_matmul routes these types here (same results as the reference).
+ * Plus the type predicate, the refusal of other types, and a corrupted weight that must be
+ * noticed (the checks can fail). */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "core/dequant.h"
+#include "core/kernels.h"
+#include "core/matmul_kq.h"
+#include "kvslim.h"
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd_u32(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+static float rnd_unit(void) { return (float)((rnd_u32() >> 8) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
+
+static const kvs_dtype types[] = {KVS_Q4_K, KVS_Q6_K, KVS_Q5_K, KVS_IQ4_NL};
+#define N_TYPES (sizeof types / sizeof types[0])
+
+/* Random blocks: random quant and scale bytes, finite fp16 super-block scales (values about
+ * +-1 in size: amp over the largest raw product of the type). */
+static void random_blocks(kvs_dtype t, void *dst, int64_t n)
+{
+    const size_t bb = kvs_dtype_block_bytes(t), be = kvs_dtype_block_elems(t);
+    const float range = t == KVS_Q4_K ? 945 : t == KVS_Q5_K ? 1953 : t == KVS_Q6_K ? 4064 : 127;
+    char *p = dst;
+    for (int64_t b = 0; b < n / (int64_t)be; b++, p += bb) {
+        for (size_t i = 0; i < bb; i++)
+            p[i] = (char)rnd_u32();
+        const uint16_t d = kvs_fp32_to_fp16(rnd_unit() / range);
+        const uint16_t m = kvs_fp32_to_fp16(rnd_unit() / range);
+        switch ((int)t) {
+        case KVS_Q4_K: ((kvs_block_q4_K *)p)->d = d, ((kvs_block_q4_K *)p)->dmin = m; break;
+        case KVS_Q5_K: ((kvs_block_q5_K *)p)->d = d, ((kvs_block_q5_K *)p)->dmin = m; break;
+        case KVS_Q6_K: ((kvs_block_q6_K *)p)->d = d; break;
+        default: ((kvs_block_iq4_nl *)p)->d = d; break;
+        }
+    }
+}
+
+/* Row r of x: kind 0 uniform in [-1, 1], 1 all zeros, 2 one huge value among small ones, 3 all
+ * negative, 4 a zero block among uniform values. */
+static void random_x_row(float *x, int n, int kind)
+{
+    for (int i = 0; i < n; i++)
+        x[i] = kind == 1 ? 0.0f : kind == 3 ? -fabsf(rnd_unit()) * 3.0f : rnd_unit();
+    if (kind == 2)
+        x[(int)(rnd_u32() % (uint32_t)n)] = 3.0e4f;
+    if (kind == 4)
+        memset(x + 32 * (int)(rnd_u32() % (uint32_t)(n / 32)), 0, 32 * sizeof(float));
+}
+
+typedef struct {
+    kvs_pool *pools[4]; /* NULL, 1, 2, 3 threads */
+    int cases, bad_cases;
+    double worst_a, worst_b; /* worst |err| / tolerance seen */
+} kq_state;
+
+/* Checks y against yr (tolerance per output tol_a) and against the exact product ye (tol_b). */
+static int count_bad(const float *y, const float *yr, const double *ye, const double *tol_a,
+                     const double *tol_b, size_t n, kq_state *st)
+{
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double ea = fabs((double)y[i] - yr[i]), eb = fabs((double)y[i] - ye[i]);
+        if (!(ea <= tol_a[i]) || !(eb <= tol_b[i])) {
+            if (bad == 0) /* the first one, to diagnose */
+                fprintf(stderr, "  output %zu: y %.9g ref %.9g exact %.9g tol_a %.3g tol_b %.3g\n", i,
+                        y[i], yr[i], ye[i], tol_a[i], tol_b[i]);
+            bad++;
+        }
+        if (ea / tol_a[i] > st->worst_a)
+            st->worst_a = ea / tol_a[i];
+        if (eb / tol_b[i] > st->worst_b)
+            st->worst_b = eb / tol_b[i];
+    }
+    return bad;
+}
+
+static void check_case(kq_state *st, kvs_dtype t, int n_rows, int n_in, int n_out)
+{
+    uint64_t rb = 0;
+    if (kvs_dtype_bytes(t, (uint64_t)n_in, &rb) != 0) {
+        CHECKF(0, "bad shape %s %d", kvs_dtype_name(t), n_in);
+        return;
+    }
+    const size_t ny = (size_t)n_rows * n_out;
+    char *w = malloc(rb * (size_t)n_out);
+    float *x = malloc(sizeof(float) * (size_t)n_rows * n_in);
+    float *wf = malloc(sizeof(float) * (size_t)n_out * n_in);
+    float *yr = malloc(sizeof(float) * ny), *y = malloc(sizeof(float) * ny);
+    double *ye = malloc(sizeof(double) * ny), *tol_a = malloc(sizeof(double) * ny);
+    double *tol_b = malloc(sizeof(double) * ny);
+    float *xd = malloc(sizeof(float) * (size_t)(n_in / 32));
+    if (!w || !x || !wf || !yr || !y || !ye || !tol_a || !tol_b || !xd) {
+        CHECK(0);
+        goto out;
+    }
+    random_blocks(t, w, (int64_t)n_in * n_out);
+    for (int r = 0; r < n_rows; r++)
+        random_x_row(x + (size_t)r * n_in, n_in, n_rows == 1 ? (int)(rnd_u32() % 5) : r % 5);
+    for (int o = 0; o < n_out; o++)
+        kvs_dequantize_row_ref(t, w + (size_t)o * rb, wf + (size_t)o * n_in, n_in);
+    kvs_matmul_kq_ref(yr, x, w, t, n_rows, n_in, n_out);
+    for (int r = 0; r < n_rows; r++) {
+        const float *xr = x + (size_t)r * n_in;
+        for (int b = 0; b < n_in / 32; b++) { /* the x block scales, as the quantiser's */
+            float amax = 0.0f;
+            for (int i = 0; i < 32; i++)
+                amax = fmaxf(amax, fabsf(xr[32 * b + i]));
+            xd[b] = amax / 127.0f;
+        }
+        for (int o = 0; o < n_out; o++) {
+            const float *wr = wf + (size_t)o * n_in;
+            double exact = 0, sabs = 0, qerr = 0;
+            for (int k = 0; k < n_in; k++) {
+                exact += (double)xr[k] * wr[k];
+                sabs += fabs((double)xr[k] * wr[k]);
+                qerr += fabs((double)wr[k]) * xd[k / 32] * 0.5;
+            }
+            const size_t i = (size_t)r * n_out + o;
+            ye[i] = exact;
+            tol_a[i] = 1e-5 * sabs + 1e-6;
+            tol_b[i] = qerr * 1.01 + 1e-5 * sabs + 1e-6;
+        }
+    }
+    /* the reference itself obeys the quantisation bound */
+    int ref_bad = 0;
+    for (size_t i = 0; i < ny; i++)
+        if (!(fabs((double)yr[i] - ye[i]) <= tol_b[i]))
+            ref_bad++;
+    CHECKF(ref_bad == 0, "ref %s rows=%d in=%d out=%d: %d outputs off the exact product",
+           kvs_dtype_name(t), n_rows, n_in, n_out, ref_bad);
+    for (int p = 0; p < 4; p++) {
+        for (size_t i = 0; i < ny; i++)
+            y[i] = NAN;
+        const kvs_status s = kvs_matmul_kq(st->pools[p], y, x, w, t, n_rows, n_in, n_out);
+        const int bad = s == KVS_OK ? count_bad(y, yr, ye, tol_a, tol_b, ny, st) : -1;
+        CHECKF(bad == 0, "kq %s rows=%d in=%d out=%d threads=%d: %d bad", kvs_dtype_name(t),
+               n_rows, n_in, n_out, p, bad);
+        st->cases++;
+        st->bad_cases += bad != 0;
+    }
+    /* (c) the routing: kvs_matmul gives these results too */
+    for (size_t i = 0; i < ny; i++)
+        y[i] = NAN;
+    {
+        const kvs_status s = kvs_matmul(st->pools[2], y, x, w, t, n_rows, n_in, n_out);
+        const int bad = s == KVS_OK ? count_bad(y, yr, ye, tol_a, tol_b, ny, st) : -1;
+        CHECKF(bad == 0, "kvs_matmul %s rows=%d in=%d out=%d: %d bad", kvs_dtype_name(t), n_rows,
+               n_in, n_out, bad);
+    }
+out:
+    free(w), free(x), free(wf), free(yr), free(y), free(ye), free(tol_a), free(tol_b), free(xd);
+}
+
+static void test_shapes(kq_state *st)
+{
+    const int ins[] = {256, 768, 2048};
+    const int outs[] = {1, 5, 16, 17, 48, 100};
+    const int rows[] = {1, 2, 3, 4, 5, 8, 33};
+    for (size_t t = 0; t < N_TYPES; t++)
+        for (size_t a = 0; a < sizeof ins / sizeof ins[0]; a++)
+            for (size_t b = 0; b < sizeof outs / sizeof outs[0]; b++)
+                for (size_t c = 0; c < sizeof rows / sizeof rows[0]; c++)
+                    check_case(st, types[t], rows[c], ins[a], outs[b]);
+    /* IQ4_NL rows that are not whole groups of 8 blocks (odd block counts), and repeated seeds */
+    for (int rep = 0; rep < 3; rep++) {
+        check_case(st, KVS_IQ4_NL, 1, 32, 7);
+        check_case(st, KVS_IQ4_NL, 3, 96, 20);
+        check_case(st, KVS_IQ4_NL, 2, 416, 9);
+        check_case(st, KVS_IQ4_NL, 9, 160, 50);
+        for (size_t t = 0; t < N_TYPES; t++) {
+            check_case(st, types[t], 1, 512, 33);
+            check_case(st, types[t], 6, 1280, 70);
+        }
+    }
+}
+
+/* A corrupted weight byte gives results the checks reject: the tolerances are not vacuous. */
+static void test_detects_errors(void)
+{
+    for (size_t t = 0; t < N_TYPES; t++) {
+        const int n_in = 256, n_out = 8;
+        uint64_t rb = 0;
+        CHECK(kvs_dtype_bytes(types[t], n_in, &rb) == 0);
+        char *w = malloc(rb * n_out), *w2 = malloc(rb * n_out);
+        float x[256], y[8], y2[8];
+        random_blocks(types[t], w, (int64_t)n_in * n_out);
+        for (int i = 0; i < n_in; i++)
+            x[i] = rnd_unit();
+        memcpy(w2, w, rb * n_out);
+        /* flip a high bit of a quant in the first super-block / block of row 3 */
+        const size_t qoff = types[t] == KVS_Q6_K ? 5 : types[t] == KVS_IQ4_NL ? 7 : types[t] == KVS_Q5_K ? 60 : 20;
+        w2[3 * rb + qoff] ^= 0x88;
+        CHECK(kvs_matmul_kq(NULL, y, x, w, types[t], 1, n_in, n_out) == KVS_OK);
+        CHECK(kvs_matmul_kq(NULL, y2, x, w2, types[t], 1, n_in, n_out) == KVS_OK);
+        float wf[256];
+        kvs_dequantize_row_ref(types[t], w + 3 * rb, wf, n_in);
+        double sabs = 0;
+        for (int i = 0; i < n_in; i++)
+            sabs += fabs((double)wf[i] * x[i]);
+        CHECKF(fabs((double)y[3] - y2[3]) > 1e-5 * sabs + 1e-6 && y[2] == y2[2],
+               "%s: corrupted weight not seen", kvs_dtype_name(types[t]));
+        free(w), free(w2);
+    }
+}
+
+static void test_types(kvs_pool *pool)
+{
+    for (size_t t = 0; t < N_TYPES; t++)
+        CHECK(kvs_kq_type(types[t]));
+    const kvs_dtype no[] = {KVS_F32, KVS_F16, KVS_BF16, KVS_Q8_0, KVS_Q4_0, KVS_Q4_1,
+                            KVS_Q5_0, KVS_Q5_1, KVS_Q2_K, KVS_Q3_K};
+    float y = 42.0f, x[256] = {0};
+    static _Alignas(64) char w[1024];
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
+        CHECKF(!kvs_kq_type(no[i]), "%s", kvs_dtype_name(no[i]));
+        CHECK(kvs_matmul_kq(pool, &y, x, w, no[i], 1, 256, 1) == KVS_ERR_UNSUPPORTED);
+    }
+    CHECK(!kvs_kq_type((kvs_dtype)9) && !kvs_kq_type((kvs_dtype)-1));
+    CHECK(y == 42.0f);
+    /* kvs_matmul still checks the sizes for these types */
+    CHECK(kvs_matmul(pool, &y, x, w, KVS_Q4_K, 1, 128, 1) == KVS_ERR_ARG);
+    CHECK(kvs_matmul(pool, &y, x, w, KVS_IQ4_NL, 1, 48, 1) == KVS_ERR_ARG);
+    CHECK(y == 42.0f);
+}
+
+int main(void)
+{
+    kq_state st;
+    memset(&st, 0, sizeof st);
+    st.pools[1] = kvs_pool_create(1);
+    st.pools[2] = kvs_pool_create(2);
+    st.pools[3] = kvs_pool_create(3);
+    CHECK(st.pools[1] && st.pools[2] && st.pools[3]);
+    test_types(st.pools[2]);
+    test_detects_errors();
+    test_shapes(&st);
+    printf("matmul_kq: %d cases, %d bad; worst err / tolerance: vs reference %.3g, vs exact %.3g\n",
+           st.cases, st.bad_cases, st.worst_a, st.worst_b);
+    for (int i = 1; i < 4; i++)
+        kvs_pool_destroy(st.pools[i]);
+    return check_summary("test_matmul_kq");
+}
