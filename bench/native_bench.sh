@@ -4,10 +4,12 @@
 #
 #   bench/native_bench.sh [BUILD_DIR]          (default BUILD_DIR: <repo>/build)
 #
+# Rows as llama-bench's: pp (a prompt of N_PROMPT tokens into an empty cache) and tg (N_GEN
+# tokens decoded one at a time from depth 0; kvslim's after a 1-token prompt).
 # For each weight type the synthetic 85.7M llama (bench/lib.sh's BENCH_SHAPE) is written once
 # with `kvslim bench --synthetic ...,type=T --save` (Q4_K_M and Q5_K_M mix Q4_K / Q5_K with Q6_K
 # per tensor as llama.cpp's rules do). Then, for each thread count and round, kvslim
-# (`kvslim bench -p N_PROMPT -n N_GEN`, F16 KV cache) and llama-bench (`-p N_PROMPT -n N_GEN
+# (`kvslim bench`, F16 KV cache) and llama-bench (`-p N_PROMPT -n N_GEN
 # -r 1`, its defaults: F16 KV cache, its warm-up run) time that file one after the other, the
 # order alternating from round to round. The table gives medians over the rounds; each ratio
 # is the median of the per-round ratios kvslim / llama.cpp (> 1: kvslim faster).
@@ -63,9 +65,13 @@ run_one() { # engine type model threads round -> raw json
     local engine=$1 type=$2 model=$3 t=$4 r=$5
     local json=$RAW/${engine}__${type}__t${t}__r${r}.json
     case $engine in
-    kvslim) "$KVSLIM" bench -m "$model" -p "$N_PROMPT" -n "$N_GEN" -t "$t" --json "$json" >/dev/null ;;
-    kvslim-exact) "$KVSLIM" bench -m "$model" -p "$N_PROMPT" -n "$N_GEN" -t "$t" --exact-matmul \
-        --json "$json" >/dev/null ;;
+    kvslim | kvslim-exact)
+        local exact=(); [ "$engine" = kvslim ] || exact=(--exact-matmul)
+        # pp from an empty cache; tg after a 1-token prompt (llama-bench's tg starts at depth 0)
+        "$KVSLIM" bench -m "$model" -p "$N_PROMPT" -n 0 -t "$t" "${exact[@]}" --json "$json.pp" >/dev/null &&
+        "$KVSLIM" bench -m "$model" -p 1 -n "$N_GEN" -t "$t" "${exact[@]}" --json "$json.tg" >/dev/null &&
+        python3 -c 'import json,sys; pp=json.load(open(sys.argv[1])); tg=json.load(open(sys.argv[2])); json.dump({"prefill_tok_s": pp["prefill_tok_s"], "decode_tok_s": tg["decode_tok_s"]}, open(sys.argv[3], "w"))' \
+            "$json.pp" "$json.tg" "$json" && rm -f "$json.pp" "$json.tg" ;;
     llama) "$LLAMA_BENCH" -m "$model" -p "$N_PROMPT" -n "$N_GEN" -t "$t" -r 1 -o json >"$json" 2>/dev/null ;;
     esac || { log "native_bench.sh: $engine failed ($type, t=$t, round $r)"; rm -f "$json"; }
 }
