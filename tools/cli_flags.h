@@ -86,6 +86,10 @@ typedef enum cli_flag_id {
     FL_QUEUE,
     FL_API_KEY,
     FL_MAX_BODY,
+    FL_CHAT,
+    FL_SYSTEM,
+    FL_CHAT_TEMPLATE,
+    FL_SPECIAL,
     FL_COUNT
 } cli_flag_id;
 
