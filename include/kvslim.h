@@ -65,9 +65,65 @@ int kvs_token_eos(const kvs_model *m);
  * (tokenizer.ggml.add_bos_token; absent: yes for SentencePiece, no for BPE). */
 kvs_status kvs_tokenize(const kvs_model *m, const char *text, int add_bos, int32_t **ids,
                         int *n_ids, kvs_error *err);
+/* kvs_tokenize with special-token parsing (llama.cpp's parse_special). With parse_special, the
+ * text of a control, unknown or user-defined token of the vocabulary (e.g. "<|im_start|>",
+ * "<|eot_id|>", "<|user|>", "<s>") becomes that token's id wherever it occurs (longer tokens
+ * first), and each stretch of text between is tokenized as kvs_tokenize would (SentencePiece
+ * gives a stretch its dummy-prefix space when it starts the text or follows a special token, as
+ * llama.cpp does). Use it for text the program wrote, such as a chat template's output, not for
+ * untrusted user text, which could then forge markers. parse_special 0 is kvs_tokenize. */
+kvs_status kvs_tokenize_special(const kvs_model *m, const char *text, int add_bos,
+                                int parse_special, int32_t **ids, int *n_ids, kvs_error *err);
 /* Printable bytes of token id following token prev; *len is set (may contain a NUL byte).
  * "" with *len 0 for a NULL model or an id outside the vocabulary. len may be NULL. */
 const char *kvs_token_text(const kvs_model *m, int prev, int id, int *len);
+
+/* ---- chat templates: a conversation as the prompt text a chat model was trained on ----
+ * The formats are built in; a GGUF's tokenizer.chat_template (Jinja) only selects one by its
+ * markers. Tokenize the output with kvs_tokenize_special so the markers become single tokens. */
+typedef enum kvs_chat_template {
+    KVS_CHAT_DEFAULT = 0, /* "role: content\n" per message; the reply starts after "assistant:" */
+    KVS_CHAT_LLAMA3,      /* <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> */
+    KVS_CHAT_CHATML,      /* <|im_start|>role\ncontent<|im_end|>\n (Qwen and others) */
+    KVS_CHAT_PHI3,        /* <|role|>\ncontent<|end|>\n */
+    KVS_CHAT_LLAMA2,      /* [INST] <<SYS>>\nsys\n<</SYS>>\n\nuser [/INST] reply</s><s>[INST] */
+} kvs_chat_template;
+
+typedef struct kvs_chat_message {
+    const char *role;    /* "system", "user" or "assistant" */
+    const char *content;
+} kvs_chat_message;
+
+/* The format a Jinja chat template selects: "<|start_header_id|>" Llama-3, "<|im_start|>"
+ * ChatML, "<|assistant|>" with "<|end|>" Phi-3, "[INST]" Llama-2; anything else (or NULL) the
+ * default. */
+kvs_chat_template kvs_chat_template_from_text(const char *jinja);
+/* The same from the model's tokenizer.chat_template (the default without one or for NULL). */
+kvs_chat_template kvs_chat_template_detect(const kvs_model *m);
+/* "default", "llama3", "chatml", "phi3", "llama2". */
+const char *kvs_chat_template_name(kvs_chat_template t);
+/* The template of that name (to override detection); KVS_ERR_ARG listing the names if none. */
+kvs_status kvs_chat_template_by_name(const char *name, kvs_chat_template *out, kvs_error *err);
+
+/* Flags of kvs_chat_apply. */
+enum {
+    KVS_CHAT_ADD_ASSISTANT = 1, /* end with the start of an assistant turn (the model replies) */
+    /* Begin by closing an assistant reply that was generated just before and stopped at its turn
+     * end (or at a token limit) without the end marker being fed: for a conversation continued
+     * on the same session, where only the new messages are formatted and fed. */
+    KVS_CHAT_CLOSE_REPLY = 2,
+};
+/* msgs[0..n) in template t; *out is malloc'd (caller frees), "" for n 0 and no flags. The BOS
+ * (Llama-3's <|begin_of_text|>, Llama-2's first <s>) is not written: tokenize the start of a
+ * conversation with add_bos, and the vocabulary's add_bos_token adds it as the templates do. */
+kvs_status kvs_chat_apply(kvs_chat_template t, const kvs_chat_message *msgs, int n, int flags,
+                          char **out, kvs_error *err);
+/* The text that ends an assistant turn, where generation stops ("<|eot_id|>", "<|im_end|>",
+ * "<|end|>", "</s>"); NULL for the default template. */
+const char *kvs_chat_turn_end(kvs_chat_template t);
+/* The turn end's token id when the model's vocabulary has it as one control or user-defined
+ * token (special-token parsing), else -1 (then it can only be matched as text). */
+int kvs_chat_turn_end_token(const kvs_model *m, kvs_chat_template t);
 
 /* ---- sessions: one sequence's KV cache and forward-pass state ---- */
 typedef struct kvs_session kvs_session;

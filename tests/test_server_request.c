@@ -1,5 +1,5 @@
 /* The server's parts without HTTP: request parsing and validation (every error names its
- * field), chat templates, stop-string and UTF-8 hold-back, the Prometheus exposition, the
+ * field), stop-string and UTF-8 hold-back, the Prometheus exposition, the
  * sequence queue, and kvs_model_meta_str, which the server reads the chat template with. */
 #include <ctype.h>
 #include <stdio.h>
@@ -8,7 +8,6 @@
 
 #include "check.h"
 #include "kvslim.h"
-#include "server/server_chat.h"
 #include "server/server_metrics.h"
 #include "server/server_request.h"
 #include "server/server_slots.h"
@@ -167,37 +166,6 @@ static void test_tokenize_bodies(void)
     b = "{\"tokens\":\"1 2\"}";
     CHECK(kvs_srv_detokenize_parse(b, strlen(b), NULL, 512, &ids, &n, &e) != 0 &&
           !strcmp(e.param, "tokens"));
-}
-
-static void test_chat_templates(void)
-{
-    const char *llama3 = "{% for m in messages %}<|start_header_id|>{{ m.role }}...";
-    const char *chatml = "{% for m in messages %}<|im_start|>{{ m.role }}\n...";
-    CHECK(kvs_srv_chat_detect(llama3, strlen(llama3)) == KVS_SRV_CHAT_LLAMA3);
-    CHECK(kvs_srv_chat_detect(chatml, strlen(chatml)) == KVS_SRV_CHAT_CHATML);
-    CHECK(kvs_srv_chat_detect("{{ bos_token }}[INST]", 20) == KVS_SRV_CHAT_DEFAULT);
-    CHECK(kvs_srv_chat_detect(NULL, 0) == KVS_SRV_CHAT_DEFAULT);
-    /* the marker cut by len is not seen */
-    CHECK(kvs_srv_chat_detect(chatml, 30) == KVS_SRV_CHAT_DEFAULT);
-    kvs_srv_message m[2] = {{"system", "Be brief."}, {"user", "Hi"}};
-    char *p = kvs_srv_chat_apply(KVS_SRV_CHAT_DEFAULT, m, 2);
-    CHECKF(p && !strcmp(p, "system: Be brief.\nuser: Hi\nassistant:"), "%s", p);
-    free(p);
-    p = kvs_srv_chat_apply(KVS_SRV_CHAT_LLAMA3, m, 2);
-    CHECKF(p && !strcmp(p, "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
-                           "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
-                           "<|start_header_id|>assistant<|end_header_id|>\n\n"),
-           "%s", p);
-    free(p);
-    p = kvs_srv_chat_apply(KVS_SRV_CHAT_CHATML, m, 2);
-    CHECKF(p && !strcmp(p, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi"
-                           "<|im_end|>\n<|im_start|>assistant\n"),
-           "%s", p);
-    free(p);
-    CHECK(!strcmp(kvs_srv_chat_end(KVS_SRV_CHAT_LLAMA3), "<|eot_id|>") &&
-          !strcmp(kvs_srv_chat_end(KVS_SRV_CHAT_CHATML), "<|im_end|>") &&
-          kvs_srv_chat_end(KVS_SRV_CHAT_DEFAULT) == NULL);
-    CHECK(!strcmp(kvs_srv_chat_name(KVS_SRV_CHAT_LLAMA3), "llama3"));
 }
 
 /* Feeds pieces (NULL-terminated) through a stopper; returns what was released (static buffer)
@@ -434,7 +402,6 @@ int main(void)
     test_completion_errors();
     test_messages();
     test_tokenize_bodies();
-    test_chat_templates();
     test_stop_strings();
     test_prometheus();
     test_slots();

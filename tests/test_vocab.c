@@ -9,7 +9,9 @@
  * test_vocab (no arguments): byte-level BPE on a small vocabulary written with the GGUF writer
  * (merges, added tokens, BOS, decoding, writing back), bad vocabularies (unknown pre-tokenizer,
  * merges naming unknown tokens, a merge without a space, ...), and the prompt ids of the arch
- * models' greedy files (llama3-f32 and qwen2-f32: GPT-2's vocabulary cut to 2048 tokens). */
+ * models' greedy files (llama3-f32 and qwen2-f32: GPT-2's vocabulary cut to 2048 tokens), and
+ * special-token parsing (kvs_tokenizer_encode_ex) on SentencePiece and byte-level BPE
+ * vocabularies with control tokens. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -520,6 +522,73 @@ static void test_arch_prompt(const char *model)
     kvs_tokenizer_free(t);
 }
 
+/* ids of text (no BOS) into want[*nw...], for building expected sequences */
+static void append_ids(const kvs_tokenizer *t, const char *text, int32_t *want, int *nw)
+{
+    int32_t *ids = NULL;
+    int n = 0;
+    kvs_error e = {0};
+    CHECKF(kvs_tokenizer_encode(t, text, 0, &ids, &n, &e) == KVS_OK, "%s", e.msg);
+    for (int i = 0; i < n && *nw < 64; i++) want[(*nw)++] = ids[i];
+    free(ids);
+}
+
+/* Special-token parsing (kvs_tokenizer_encode_ex with parse_special) on SentencePiece and
+ * byte-level BPE vocabularies: a control token's text becomes its id, each stretch between is
+ * tokenized on its own (SentencePiece: with the dummy-prefix space after a marker, as llama.cpp),
+ * and parse_special 0 gives exactly kvs_tokenizer_encode's ids with no control token. */
+static void test_parse_special(void)
+{
+    static const struct {
+        const char *vocab, *text;
+        int32_t m1, m2;       /* the markers' ids in text order */
+        const char *between;  /* the text between them, tokenized alone */
+        int bos;
+    } cases[] = {
+        {"models/vocab/ggml-vocab-llama-spm.gguf", "<s>Hello world</s>", 1, 2, "Hello world", 0},
+        {"models/vocab/ggml-vocab-phi-3.gguf", "<|user|>\nhi there<|end|>", 32010, 32007,
+         "\nhi there", 1},
+        {"models/vocab/ggml-vocab-gpt-2.gguf", "<|endoftext|>Hello world<|endoftext|>", 50256,
+         50256, "Hello world", 0},
+        {"models/arch/qwen2-f32.gguf", "<|endoftext|>user\nhi<|endoftext|>", 2047, 2047,
+         "user\nhi", 0},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        char path[1024];
+        check_shared_path(path, sizeof path, cases[c].vocab);
+        if (access(path, R_OK) != 0) {
+            printf("%s: not found, skipped\n", path);
+            continue;
+        }
+        kvs_tokenizer *t = NULL;
+        kvs_error e = {0};
+        CHECKF(kvs_tokenizer_load_gguf(path, &t, &e) == KVS_OK, "%s", e.msg);
+        if (!t) continue;
+        int32_t want[64];
+        int nw = 0;
+        if (cases[c].bos && kvs_tokenizer_add_bos(t)) want[nw++] = kvs_tokenizer_bos(t);
+        want[nw++] = cases[c].m1;
+        append_ids(t, cases[c].between, want, &nw);
+        want[nw++] = cases[c].m2;
+        CHECKF(encode_is(t, cases[c].text, cases[c].bos, 1, want, nw), "%s", cases[c].vocab);
+        /* without parsing: the old result, the markers spelled out as text */
+        int32_t *old = NULL, *ex = NULL;
+        int n_old = 0, n_ex = 0;
+        kvs_tokenizer_encode(t, cases[c].text, cases[c].bos, &old, &n_old, &e);
+        kvs_tokenizer_encode_ex(t, cases[c].text, cases[c].bos, 0, &ex, &n_ex, &e);
+        int ctrl = 0;
+        for (int i = cases[c].bos; i < n_ex; i++)
+            ctrl |= kvs_tokenizer_type(t, ex[i]) == KVS_TOKEN_CONTROL;
+        CHECKF(old && ex && n_old == n_ex && !memcmp(old, ex, sizeof *ex * (size_t)n_ex) &&
+               !ctrl && n_ex > nw, "%s: parse_special 0", cases[c].vocab);
+        printf("%s: \"%s\" -> %d ids with special-token parsing, %d without\n", cases[c].vocab,
+               cases[c].text, nw, n_ex);
+        free(old);
+        free(ex);
+        kvs_tokenizer_free(t);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 2) return run_vocab(argv[1], argc >= 3 ? argv[2] : NULL);
@@ -531,5 +600,6 @@ int main(int argc, char **argv)
     remove(path);
     test_arch_prompt("llama3-f32");
     test_arch_prompt("qwen2-f32");
+    test_parse_special();
     return check_summary("test_vocab");
 }

@@ -23,6 +23,15 @@ int cmd_eval_opcount(int argc, char **argv); /* eval --task opcount */
 int cmd_mpc(int argc, char **argv);          /* mpc run | dealer | party */
 int cmd_serve(int argc, char **argv);
 
+/* run's stats line on stderr: prompt and generated tokens, prefill and decode tok/s, KV bytes
+ * held vs a full F16 cache (cmd_run.c). */
+void cli_print_run_stats(const kvs_session *s, const char *kv_type, int n_prompt, int n_gen,
+                         double t_prefill, double t_decode);
+/* run --chat (cmd_run_chat.c): the conversation, first (may be NULL) as the first user turn.
+ * Returns the exit code. */
+struct cli_args;
+int cli_run_chat(const struct cli_args *a, const kvs_session_params *params, const char *first);
+
 /* Prints "kvslim CMD: message" to stderr. */
 void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* A library notice (kvs_session_params.log) on stderr: ctx is the command's name. */

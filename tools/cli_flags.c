@@ -70,15 +70,34 @@ static const flag_def flags[] = {
     {FL_SAVE, NULL, "--save", K_STRING, "FILE.gguf", CMD_BENCH, 0, 0, 0, NULL,
      "with --synthetic: keep the generated model as a GGUF file"},
     {FL_PROMPT, "-p", "--prompt", K_STRING, "TEXT", CMD_RUN, 0, 0, 0, NULL,
-     "prompt text (BOS is prepended when the vocabulary adds one)"},
+     "prompt text (BOS is prepended when the vocabulary adds one);\n"
+     "with --chat: the first user turn"},
     {FL_PROMPT, "-p", "--prompt", K_STRING, "TEXT", CMD_TOKENIZE, 0, 0, 0, NULL,
      "text to tokenize"},
     {FL_FILE, "-f", "--file", K_STRING, "FILE", CMD_RUN, 0, 0, 0, NULL,
-     "read the prompt from FILE"},
+     "read the prompt from FILE; with --chat: the first user turn"},
+    {FL_CHAT, NULL, "--chat", K_NONE, NULL, CMD_RUN, 0, 0, 0, NULL,
+     "interactive chat: each line of stdin is a user turn, formatted with\n"
+     "the model's chat template (tokenizer.chat_template: llama3, chatml,\n"
+     "phi3, llama2, else the default 'role: content'); the reply (up to\n"
+     "-n tokens, the turn's end or EOS) goes to stdout; the KV cache is\n"
+     "kept, so each turn feeds only its own tokens; one line per turn and\n"
+     "the stats line on stderr"},
+    {FL_SYSTEM, NULL, "--system", K_STRING, "TEXT", CMD_RUN, 0, 0, 0, NULL,
+     "with --chat: a system message before the first user turn"},
+    {FL_CHAT_TEMPLATE, NULL, "--chat-template", K_STRING, "NAME", CMD_RUN, 0, 0, 0, NULL,
+     "with --chat: use this format instead of the model's: default,\n"
+     "llama3, chatml, phi3 or llama2"},
+    {FL_CHAT_TEMPLATE, NULL, "--chat-template", K_STRING, "NAME", CMD_SERVE, 0, 0, 0, NULL,
+     "chat format of /v1/chat/completions instead of the model's:\n"
+     "default, llama3, chatml, phi3 or llama2"},
     {FL_FILE, "-f", "--file", K_STRING, "FILE", CMD_TOKENIZE, 0, 0, 0, NULL,
      "read the text from FILE"},
     {FL_NO_BOS, NULL, "--no-bos", K_NONE, NULL, CMD_TOKENIZE, 0, 0, 0, NULL,
      "do not prepend the BOS token (when the vocabulary would)"},
+    {FL_SPECIAL, NULL, "--special", K_NONE, NULL, CMD_TOKENIZE, 0, 0, 0, NULL,
+     "parse special tokens: the text of a control or user-defined token\n"
+     "(e.g. <|im_start|>, </s>) becomes its id"},
     {FL_TOKENIZER, NULL, "--tokenizer", K_STRING, "TOK.bin", CMD_CONVERT, 0, 0, 0, NULL,
      "llama2.c tokenizer file"},
     {FL_OUT, "-o", "--output", K_STRING, "FILE", CMD_CONVERT, 0, 0, 0, NULL,

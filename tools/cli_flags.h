@@ -87,6 +87,10 @@ typedef enum cli_flag_id {
     FL_API_KEY,
     FL_MAX_BODY,
     FL_EXACT_MATMUL,
+    FL_CHAT,
+    FL_SYSTEM,
+    FL_CHAT_TEMPLATE,
+    FL_SPECIAL,
     FL_COUNT
 } cli_flag_id;
 

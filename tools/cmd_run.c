@@ -10,15 +10,22 @@
 static const cli_command run_cmd = {
     "run", CMD_RUN,
     "usage: kvslim run -m MODEL (-p TEXT | -f FILE) [options]\n"
+    "       kvslim run -m MODEL --chat [--system TEXT] [--chat-template NAME] [-p TEXT | -f FILE]\n"
+    "                  [options]\n"
     "\n"
     "Prints the prompt and the generated text to stdout; at the end one stats line on stderr:\n"
     "prompt and generated tokens, prefill and decode tok/s, KV bytes held vs a full F16 cache.\n"
     "The prompt is printed once the model has taken it (tokenized and prefilled), so an error\n"
-    "never follows echoed text.\n",
+    "never follows echoed text.\n"
+    "\n"
+    "With --chat, each line of stdin is a user turn (a prompt given with -p or -f is the first\n"
+    "one), formatted with the model's chat template and answered on stdout, one reply per turn;\n"
+    "the stats line counts every turn's tokens. printf 'hi\\nhow are you\\n' | kvslim run -m\n"
+    "MODEL --chat -n 16 prints two replies. Exit codes: 2 bad usage, 1 a failure.\n",
     NULL};
 
-static void print_stats(const kvs_session *s, const char *kv_type, int n_prompt, int n_gen,
-                        double t_prefill, double t_decode)
+void cli_print_run_stats(const kvs_session *s, const char *kv_type, int n_prompt, int n_gen,
+                         double t_prefill, double t_decode)
 {
     char held[32], full[32];
     fprintf(stderr,
@@ -34,8 +41,16 @@ static int run(const cli_args *a)
 {
     const char *cmd = "run", *model_path = a->str[FL_MODEL], *text = a->str[FL_PROMPT],
                *file = a->str[FL_FILE];
-    if (!model_path || (!text == !file)) {
-        cli_error(cmd, "needs -m MODEL and exactly one of -p TEXT or -f FILE (see --help)");
+    const int chat = a->given[FL_CHAT] > 0;
+    if (!chat && (a->given[FL_SYSTEM] || a->given[FL_CHAT_TEMPLATE])) {
+        cli_error(cmd, "%s needs --chat (see --help)",
+                  a->given[FL_SYSTEM] ? "--system" : "--chat-template");
+        return CLI_USAGE;
+    }
+    if (chat ? !model_path || (text && file) : !model_path || (!text == !file)) {
+        cli_error(cmd, chat ? "--chat needs -m MODEL and at most one of -p TEXT or -f FILE (see "
+                              "--help)"
+                            : "needs -m MODEL and exactly one of -p TEXT or -f FILE (see --help)");
         return CLI_USAGE;
     }
     int n_predict = cli_get_int(a, FL_N_PREDICT, 256), n_ctx = cli_get_int(a, FL_CTX, 0);
@@ -54,6 +69,11 @@ static int run(const cli_args *a)
     char *owned = NULL;
     if (file && !(text = owned = cli_read_file(cmd, file, NULL)))
         return CLI_FAIL;
+    if (chat) {
+        int chat_rc = cli_run_chat(a, &params, text);
+        free(owned);
+        return chat_rc;
+    }
 
     kvs_error err = {0};
     kvs_status st = KVS_OK;
@@ -118,7 +138,7 @@ static int run(const cli_args *a)
     if (!stop_token && n_gen < n_predict)
         fprintf(stderr, "kvslim run: stopped: the context of %d tokens is full (prompt %d, "
                         "generated %d)\n", ctx, n_prompt, n_gen);
-    print_stats(s, params.kv_type, n_prompt, n_gen, t_prefill, t_decode);
+    cli_print_run_stats(s, params.kv_type, n_prompt, n_gen, t_prefill, t_decode);
     rc = CLI_OK;
 fail:
     if (rc != CLI_OK) {

@@ -31,7 +31,8 @@ static int tokenize(const cli_args *a)
     int32_t *ids = NULL;
     int n = 0, rc = CLI_OK;
     if ((st = kvs_model_load(model_path, &m, &err)) != KVS_OK ||
-        (st = kvs_tokenize(m, text, !a->given[FL_NO_BOS], &ids, &n, &err)) != KVS_OK) {
+        (st = kvs_tokenize_special(m, text, !a->given[FL_NO_BOS], a->given[FL_SPECIAL] > 0, &ids,
+                                   &n, &err)) != KVS_OK) {
         cli_error(cmd, "%s", err.msg);
         rc = cli_status_exit(st);
     }

@@ -128,6 +128,21 @@ kvs_status kvs_tokenize(const kvs_model *m, const char *text, int add_bos, int32
     return kvs_tokenizer_encode(m->tokenizer, text, add_bos, ids, n_ids, err);
 }
 
+kvs_status kvs_tokenize_special(const kvs_model *m, const char *text, int add_bos,
+                                int parse_special, int32_t **ids, int *n_ids, kvs_error *err)
+{
+    clear_error(err);
+    if (ids)
+        *ids = NULL;
+    if (n_ids)
+        *n_ids = 0;
+    if (!m || !text || !ids || !n_ids)
+        return kvs_fail(err, KVS_ERR_ARG, "kvs_tokenize_special: %s is NULL",
+                        !m ? "the model" : !text ? "text" : !ids ? "ids" : "n_ids");
+    return kvs_tokenizer_encode_ex(m->tokenizer, text, add_bos, parse_special != 0, ids, n_ids,
+                                   err);
+}
+
 const char *kvs_token_text(const kvs_model *m, int prev, int id, int *len)
 {
     int n = 0;

@@ -59,6 +59,10 @@ static int check_opts(const kvs_server_opts *o)
     if ((o->kv && kvs_srv_kv_check("--kv", o->kv, &e) != 0) ||
         (o->kv_type && kvs_srv_kv_type_check("--kv-type", o->kv_type, &e) != 0))
         return say("%s", e.message), -1;
+    kvs_chat_template t;
+    kvs_error err;
+    if (o->chat_template && kvs_chat_template_by_name(o->chat_template, &t, &err) != KVS_OK)
+        return say("--chat-template: %s", err.msg), -1;
     return 0;
 }
 
@@ -121,19 +125,17 @@ static int load_model(kvs_server *srv)
             "past %d were never trained and quality degrades", srv->n_ctx, srv->info.n_ctx,
             srv->info.n_ctx);
     snprintf(srv->model_id, sizeof srv->model_id, "%s", basename_of(o->model_path));
-    int n = kvs_model_meta_str(srv->model, "tokenizer.chat_template", NULL, 0);
-    char *tpl = n > 0 ? malloc((size_t)n + 1) : NULL;
-    if (tpl)
-        kvs_model_meta_str(srv->model, "tokenizer.chat_template", tpl, (size_t)n + 1);
-    srv->chat = kvs_srv_chat_detect(tpl, tpl ? (size_t)n : 0);
-    free(tpl);
+    srv->chat = kvs_chat_template_detect(srv->model);
+    if (o->chat_template) /* checked with the other options */
+        kvs_chat_template_by_name(o->chat_template, &srv->chat, &err);
+    srv->chat_end_token = kvs_chat_turn_end_token(srv->model, srv->chat);
     /* N full F16 caches of the context: 2 (K and V) x 2 bytes per element. */
     srv->kv_bytes_bound = (uint64_t)o->parallel * (uint64_t)srv->n_ctx * 4u *
                           (uint64_t)srv->info.n_layers * (uint64_t)srv->info.n_kv_heads *
                           (uint64_t)srv->info.head_dim;
     say("model %s loaded: context %d per sequence, %d sequence%s, queue %d, chat template %s",
         srv->model_id, srv->n_ctx, o->parallel, o->parallel == 1 ? "" : "s", o->queue,
-        kvs_srv_chat_name(srv->chat));
+        kvs_chat_template_name(srv->chat));
     return 0;
 }
 

@@ -168,16 +168,29 @@ static enum MHD_Result run_whole(kvs_srv_exchange *x)
     return kvs_srv_answer(x, MHD_HTTP_OK, "application/json", &body);
 }
 
-/* The text the model continues: the prompt, or the chat template over the messages. */
+/* The text the model continues: the prompt, or the chat template over the messages. The
+ * template's output is tokenized with special-token parsing, so its markers are single tokens
+ * (markers typed inside a message's content are parsed too, as llama-server does); a
+ * completion's prompt stays plain text, as before (llama-server would parse it). */
 static int prompt_tokens(kvs_srv_exchange *x, int32_t **ids, int *n, kvs_srv_error *e)
 {
     kvs_server *srv = x->srv;
     char *chat = NULL;
-    if (x->req.chat && !(chat = kvs_srv_chat_apply(srv->chat, x->req.messages,
-                                                   x->req.n_messages)))
-        return kvs_srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     kvs_error err = {0};
-    kvs_status st = kvs_tokenize(srv->model, chat ? chat : x->req.prompt, 1, ids, n, &err);
+    if (x->req.chat) {
+        kvs_chat_message *msgs = malloc(sizeof *msgs * (size_t)(x->req.n_messages + 1));
+        if (!msgs)
+            return kvs_srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        for (int i = 0; i < x->req.n_messages; i++)
+            msgs[i] = (kvs_chat_message){x->req.messages[i].role, x->req.messages[i].content};
+        kvs_status st = kvs_chat_apply(srv->chat, msgs, x->req.n_messages,
+                                       KVS_CHAT_ADD_ASSISTANT, &chat, &err);
+        free(msgs);
+        if (st != KVS_OK)
+            return kvs_srv_fail(e, 500, "server_error", NULL, NULL, "%s", err.msg);
+    }
+    kvs_status st = chat ? kvs_tokenize_special(srv->model, chat, 1, 1, ids, n, &err)
+                         : kvs_tokenize(srv->model, x->req.prompt, 1, ids, n, &err);
     free(chat);
     if (st != KVS_OK)
         return kvs_srv_fail(e, st == KVS_ERR_ARG ? 400 : 500,
@@ -219,13 +232,16 @@ static enum MHD_Result generate(kvs_srv_exchange *x)
     int n_stops = 0;
     for (; n_stops < q->n_stop; n_stops++)
         x->stops[n_stops] = q->stop[n_stops];
-    if (chat && kvs_srv_chat_end(srv->chat)) /* its tokenizer may not make it one token */
-        x->stops[n_stops++] = kvs_srv_chat_end(srv->chat);
+    /* The turn's end stops as a token (stop_token) when the vocabulary has it as one, and as
+     * text for a vocabulary that spells it out. */
+    if (chat && kvs_chat_turn_end(srv->chat))
+        x->stops[n_stops++] = kvs_chat_turn_end(srv->chat);
     kvs_srv_gen_params gp = {.model = srv->model, .prompt = ids, .n_prompt = n_ids,
                              .session = kvs_session_default_params(),
                              .max_tokens = q->max_tokens, .ignore_eos = q->ignore_eos,
                              .stops = x->stops,
-                             .n_stops = n_stops};
+                             .n_stops = n_stops,
+                             .stop_token = chat ? srv->chat_end_token : -1};
     gp.session.n_threads = srv->opts.n_threads;
     gp.session.n_ctx = srv->n_ctx;
     gp.session.kv_policy = x->kv;

@@ -27,6 +27,7 @@ int kvs_srv_gen_start(kvs_srv_gen *g, const kvs_srv_gen_params *p, kvs_srv_error
     g->n_prompt = p->n_prompt;
     g->max_tokens = p->max_tokens;
     g->ignore_eos = p->ignore_eos;
+    g->stop_token = p->stop_token;
     g->prev = p->prompt[p->n_prompt - 1];
     g->t_start = kvs_srv_now();
     kvs_srv_stop_init(&g->stop, p->stops, p->n_stops);
@@ -84,8 +85,10 @@ int kvs_srv_gen_step(kvs_srv_gen *g, int stopping, kvs_srv_buf *text, kvs_srv_er
         return finish(g, "stop", text, e);
     int tok = kvs_sampler_sample(g->sampler, g->logits);
     /* BOS ends a text as EOS does (kvslim run stops at both): stories260K starts a new story
-     * with it. */
-    int end = tok == kvs_token_eos(g->model) || tok == kvs_token_bos(g->model);
+     * with it. So does a chat turn's end marker when it is one token: it decodes to "", so the
+     * stop string could never see it. */
+    int end = tok == kvs_token_eos(g->model) || tok == kvs_token_bos(g->model) ||
+              (g->stop_token >= 0 && tok == g->stop_token);
     if (end && !g->ignore_eos)
         return finish(g, "stop", text, e);
     g->n_gen++;

@@ -19,6 +19,7 @@ typedef struct kvs_srv_gen_params {
     int ignore_eos;     /* an end-of-text token is fed back, shown as a line break */
     const char *const *stops; /* must outlive the sequence */
     int n_stops;
+    int stop_token;     /* a token that ends the text as EOS does (a chat turn's end), or -1 */
 } kvs_srv_gen_params;
 
 typedef struct kvs_srv_gen {
@@ -27,7 +28,7 @@ typedef struct kvs_srv_gen {
     kvs_sampler *sampler;
     float *logits;
     kvs_srv_stopper stop;
-    int n_prompt, n_gen, max_tokens, ignore_eos;
+    int n_prompt, n_gen, max_tokens, ignore_eos, stop_token;
     int ctx_left;          /* after the prompt: tokens that may still be generated */
     int prev;              /* the last token, for kvs_token_text */
     const char *finish;    /* NULL while running, then "stop" or "length" */

@@ -11,7 +11,6 @@
 #include "kvslim.h"
 #include "server/server.h"
 #include "server/server_buf.h"
-#include "server/server_chat.h"
 #include "server/server_gen.h"
 #include "server/server_json.h"
 #include "server/server_metrics.h"
@@ -29,7 +28,8 @@ typedef struct kvs_server {
     char model_id[256];
     kvs_model_info info;
     int n_ctx;
-    kvs_srv_chat_template chat;
+    kvs_chat_template chat;
+    int chat_end_token;           /* the turn end as one token, or -1 */
     uint64_t kv_bytes_bound;
     long long started;            /* unix seconds */
     kvs_srv_slots slots;

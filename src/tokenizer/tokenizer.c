@@ -38,7 +38,8 @@ struct kvs_tokenizer {
     int add_bos;          /* tokenizer.ggml.add_bos_token (SentencePiece default 1, BPE 0) */
     int has_scores;       /* BPE: the file had tokenizer.ggml.scores (written back if so) */
     kvs_bpe *bpe;         /* BPE only */
-    int32_t *special;     /* BPE only: user-defined/control/unknown ids, longest text first */
+    int32_t *special;     /* user-defined/control/unknown ids, longest text first (matched in
+                             raw text: BPE always, SentencePiece with parse_special) */
     int n_special;
     char *pieces;         /* arena of NUL-terminated pieces */
     size_t *piece_off;
@@ -203,6 +204,8 @@ static int32_t table_find(const kvs_tokenizer *t, const char *s, size_t len)
 /* Completes a tokenizer whose pieces, scores, types and bos/eos/unk are set: validates the token
  * types, builds the byte table, the lookup table and the decode arena. `what` names the source
  * (path or key) in error messages. */
+static kvs_status build_special(kvs_tokenizer *t, kvs_error *err);
+
 static kvs_status tok_finish(kvs_tokenizer *t, const char *what, kvs_error *err)
 {
     for (int i = 0; i < 256; i++) t->byte_id[i] = -1;
@@ -308,7 +311,7 @@ static kvs_status tok_finish(kvs_tokenizer *t, const char *what, kvs_error *err)
         dec.n++;
     }
     t->dec = dec.p;
-    return KVS_OK;
+    return build_special(t, err);
 }
 
 /* ---------- llama2.c loader ---------- */
@@ -548,8 +551,8 @@ static kvs_status get_id(const kvs_gguf *g, const char *key, int n, int *id, kvs
 
 static int cmp_special(const void *a, const void *b, void *ctx);
 
-/* The user-defined, control and unknown tokens of a BPE vocabulary, longest text first (ties:
- * lower id first), for matching them in the raw text. */
+/* The user-defined, control and unknown tokens, longest text first (ties: lower id first), for
+ * matching them in the raw text. */
 static kvs_status build_special(kvs_tokenizer *t, kvs_error *err)
 {
     int n = 0;
@@ -714,7 +717,6 @@ kvs_status kvs_tokenizer_from_gguf(const kvs_gguf *g, kvs_tokenizer **out, kvs_e
         kvs_pretok *p = pre;
         pre = NULL; /* kvs_bpe_new owns it now, even on failure */
         if ((s = kvs_bpe_new(t, g, K_MERGES, p, &t->bpe, err))) goto fail;
-        if ((s = build_special(t, err))) goto fail;
     }
     *out = t;
     return KVS_OK;
@@ -969,18 +971,12 @@ static int utf8_len(const unsigned char *s, size_t n)
     return len;
 }
 
-static kvs_status encode_spm(const kvs_tokenizer *t, const char *text, int add_bos,
-                             int32_t **ids, int *n_ids, kvs_error *err)
+/* SentencePiece on text[0..tlen): spaces become U+2581 (a dummy-prefix one first if prefix),
+ * every code point its piece or byte-fallback tokens, then the best-scored merges; the ids are
+ * appended to out. */
+static kvs_status encode_spm_frag(const kvs_tokenizer *t, const char *text, size_t tlen,
+                                  int prefix, kvs_idvec *out, kvs_error *err)
 {
-    if (ids) *ids = NULL;
-    if (n_ids) *n_ids = 0;
-    if (!t || !text || !ids || !n_ids)
-        return kvs_fail(err, KVS_ERR_ARG, "tokenize: the tokenizer, text or output is NULL");
-    size_t tlen = strlen(text);
-    if (tlen > (size_t)(INT_MAX / 4))
-        return kvs_fail(err, KVS_ERR_ARG, "the text to tokenize is too long: %zu bytes (at most "
-                        "%d)", tlen, INT_MAX / 4);
-
     kvs_status s = KVS_OK;
     strbuf buf = {0};
     symbol *sym = NULL;
@@ -989,7 +985,7 @@ static kvs_status encode_spm(const kvs_tokenizer *t, const char *text, int add_b
 
     if (tlen > 0) {
         if (sb_reserve(&buf, 3 * tlen + 3)) goto nomem;
-        sb_append(&buf, SPACE_MARK, SPACE_MARK_LEN); /* dummy prefix */
+        if (prefix) sb_append(&buf, SPACE_MARK, SPACE_MARK_LEN); /* dummy prefix */
         for (size_t i = 0; i < tlen; i++) {
             if (text[i] == ' ') {
                 memcpy(buf.p + buf.n, SPACE_MARK, SPACE_MARK_LEN);
@@ -1043,25 +1039,16 @@ static kvs_status encode_spm(const kvs_tokenizer *t, const char *text, int add_b
         }
     }
 
-    int count = add_bos ? 1 : 0;
-    for (int i = 0; i < nsym; i = sym[i].next < 0 ? nsym : sym[i].next) count++;
-    int32_t *outv = malloc((size_t)(count > 0 ? count : 1) * sizeof *outv);
-    if (!outv) goto nomem;
-    int k = 0;
-    if (add_bos) outv[k++] = t->bos;
     for (int i = 0; i < nsym; i = sym[i].next < 0 ? nsym : sym[i].next) {
         if (sym[i].id < 0) {
-            free(outv);
             s = kvs_fail(err, KVS_ERR_ARG,
                          "tokenizer_encode: byte 0x%02X has no byte token and the vocabulary has "
                          "no unknown token",
                          (unsigned char)buf.p[sym[i].start]);
             goto done;
         }
-        outv[k++] = sym[i].id;
+        if (kvs_idvec_push(out, sym[i].id)) goto nomem;
     }
-    *ids = outv;
-    *n_ids = k;
     goto done;
 
 nomem:
@@ -1073,7 +1060,7 @@ done:
     return s;
 }
 
-/* ---------- byte-level BPE: added tokens, then pre-tokenizer and merges (bpe.c) ---------- */
+/* ---------- special tokens in the raw text ---------- */
 
 typedef struct {
     int32_t id; /* a matched added token, or -1 for raw text */
@@ -1100,15 +1087,13 @@ static int frag_push(fragvec *f, int32_t id, size_t off, size_t len)
 
 /* As llama.cpp's tokenizer_st_partition: every added token, longest first, splits the raw
  * fragments left by the longer ones at each of its occurrences (scanning left to right); the
- * raw fragments between them are pre-tokenized and merged separately. User-defined tokens are
- * always matched; control and unknown tokens only with parse_special. */
-static kvs_status encode_bpe(const kvs_tokenizer *t, const char *text, size_t tlen, int add_bos,
-                             int parse_special, kvs_idvec *out, kvs_error *err)
+ * raw fragments between them are then tokenized separately. User-defined tokens are always
+ * matched; control and unknown tokens only with parse_special. text[0..tlen)
+ * is not empty. On success *out holds the fragments in text order (the caller frees out->v). */
+static kvs_status partition(const kvs_tokenizer *t, const char *text, size_t tlen,
+                            int parse_special, fragvec *out, kvs_error *err)
 {
-    kvs_status s = KVS_OK;
     fragvec a = {0}, b = {0};
-    if (add_bos && kvs_idvec_push(out, t->bos)) goto nomem;
-    if (tlen == 0) return KVS_OK;
     if (frag_push(&a, -1, 0, tlen)) goto nomem;
     for (int k = 0; k < t->n_special; k++) {
         int32_t id = t->special[k];
@@ -1139,19 +1124,69 @@ static kvs_status encode_bpe(const kvs_tokenizer *t, const char *text, size_t tl
         a = b;
         b = tmp;
     }
+    free(b.v);
+    *out = a;
+    return KVS_OK;
+nomem:
+    free(a.v);
+    free(b.v);
+    return kvs_fail(err, KVS_ERR_NOMEM, "out of memory tokenizing %zu bytes of text", tlen);
+}
+
+/* SentencePiece. Without parse_special the whole text is one fragment (user-defined tokens are
+ * reached through merges, as before). With it, special tokens split the text as in llama.cpp,
+ * and a raw fragment gets the dummy-prefix space when it comes first or right after a special
+ * token (llama.cpp's is_prev_special), so "<|user|>\nhi" tokenizes as the marker, then " \nhi". */
+static kvs_status encode_spm(const kvs_tokenizer *t, const char *text, int add_bos,
+                             int parse_special, kvs_idvec *out, kvs_error *err)
+{
+    size_t tlen = strlen(text);
+    if (tlen > (size_t)(INT_MAX / 4))
+        return kvs_fail(err, KVS_ERR_ARG, "the text to tokenize is too long: %zu bytes (at most "
+                        "%d)", tlen, INT_MAX / 4);
+    if (add_bos && kvs_idvec_push(out, t->bos))
+        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory tokenizing %zu bytes of text", tlen);
+    if (!parse_special || tlen == 0) return encode_spm_frag(t, text, tlen, 1, out, err);
+    fragvec f = {0};
+    kvs_status s = partition(t, text, tlen, 1, &f, err);
+    int prev_special = 1;
+    for (size_t i = 0; i < f.n && s == KVS_OK; i++) {
+        if (f.v[i].id >= 0) {
+            if (kvs_idvec_push(out, f.v[i].id))
+                s = kvs_fail(err, KVS_ERR_NOMEM, "out of memory tokenizing %zu bytes of text",
+                             tlen);
+            prev_special = 1;
+        } else {
+            s = encode_spm_frag(t, text + f.v[i].off, f.v[i].len, prev_special, out, err);
+            prev_special = 0;
+        }
+    }
+    free(f.v);
+    return s;
+}
+
+/* ---------- byte-level BPE: added tokens, then pre-tokenizer and merges (bpe.c) ---------- */
+
+/* User-defined tokens are always matched as whole tokens in the raw text; control and unknown
+ * tokens only with parse_special; the stretches between are pre-tokenized and merged. */
+static kvs_status encode_bpe(const kvs_tokenizer *t, const char *text, size_t tlen, int add_bos,
+                             int parse_special, kvs_idvec *out, kvs_error *err)
+{
+    if (add_bos && kvs_idvec_push(out, t->bos))
+        return kvs_fail(err, KVS_ERR_NOMEM, "out of memory tokenizing %zu bytes of text", tlen);
+    if (tlen == 0) return KVS_OK;
+    fragvec a = {0};
+    kvs_status s = partition(t, text, tlen, parse_special, &a, err);
     for (size_t i = 0; i < a.n && s == KVS_OK; i++) {
         if (a.v[i].id >= 0) {
-            if (kvs_idvec_push(out, a.v[i].id)) goto nomem;
+            if (kvs_idvec_push(out, a.v[i].id))
+                s = kvs_fail(err, KVS_ERR_NOMEM, "out of memory tokenizing %zu bytes of text",
+                             tlen);
         } else {
             s = kvs_bpe_encode(t->bpe, t, text + a.v[i].off, a.v[i].len, out, err);
         }
     }
-    goto done;
-nomem:
-    s = kvs_fail(err, KVS_ERR_NOMEM, "out of memory tokenizing %zu bytes of text", tlen);
-done:
     free(a.v);
-    free(b.v);
     return s;
 }
 
@@ -1163,7 +1198,19 @@ kvs_status kvs_tokenizer_encode_ex(const kvs_tokenizer *t, const char *text, int
     if (!t || !text || !ids || !n_ids)
         return kvs_fail(err, KVS_ERR_ARG, "tokenize: the tokenizer, text or output is NULL");
     add_bos = add_bos && t->add_bos && t->bos >= 0;
-    if (t->kind == KIND_SPM) return encode_spm(t, text, add_bos, ids, n_ids, err);
+    if (t->kind == KIND_SPM) {
+        kvs_idvec v = {0};
+        kvs_status s = encode_spm(t, text, add_bos, parse_special, &v, err);
+        if (s == KVS_OK && !v.v && !(v.v = malloc(sizeof *v.v)))
+            s = kvs_fail(err, KVS_ERR_NOMEM, "out of memory tokenizing text");
+        if (s) {
+            free(v.v);
+            return s;
+        }
+        *ids = v.v;
+        *n_ids = (int)v.n;
+        return KVS_OK;
+    }
 
     size_t tlen = strlen(text);
     if (tlen > (size_t)(INT_MAX / 4))

@@ -76,8 +76,12 @@ int32_t kvs_tokenizer_lookup(const kvs_tokenizer *t, const char *s, size_t len);
  * *ids is malloc'd and owned by the caller. */
 kvs_status kvs_tokenizer_encode(const kvs_tokenizer *t, const char *text, int add_bos,
                                 int32_t **ids, int *n_ids, kvs_error *err);
-/* The same with special-token parsing: with parse_special, byte-level BPE also matches control
- * and unknown tokens' text (e.g. "<|endoftext|>") as those tokens. SentencePiece ignores it. */
+/* The same with special-token parsing (llama.cpp's parse_special): with it, the text of a
+ * control, unknown or user-defined token (e.g. "<|im_start|>", "<|user|>", "<s>") becomes that
+ * token wherever it occurs (longest first), and the text between is tokenized as above, each
+ * stretch on its own. SentencePiece then gives a stretch the dummy-prefix space when it starts
+ * the text or follows a special token, as llama.cpp does. parse_special 0 is
+ * kvs_tokenizer_encode. */
 kvs_status kvs_tokenizer_encode_ex(const kvs_tokenizer *t, const char *text, int add_bos,
                                    int parse_special, int32_t **ids, int *n_ids, kvs_error *err);
 /* Text of token id as it should be printed after token prev: U+2581 becomes ' ', a leading space

@@ -3,7 +3,7 @@
 # after the listen line), the loading state (503), every error of the contract with OpenAI's
 # error shape and the right status, the endpoints besides completions (/health, /, /v1/models,
 # /tokenize, /detokenize, /metrics in the Prometheus text grammar), the SSE framing, the default
-# chat template, a full queue (503 + Retry-After), clients that disconnect (their sequence freed
+# chat template and --chat-template llama2 (markers as single tokens), a full queue (503 + Retry-After), clients that disconnect (their sequence freed
 # within a second), the server's --kv / --kv-type defaults, SIGINT during a stream (the stream
 # ends with [DONE], exit 0, the port released).
 source "$(dirname "$0")/lib.bash"
@@ -356,4 +356,26 @@ if hold "$TMP/held2"; then
   else fail "SIGINT: the stream ended with $(tail -c 300 "$TMP/held2")"; fi
 fi
 serve_stop "$SERVE_PID" - "server single, SIGINT during a stream"
+
+# --chat-template llama2: stories260K's <s> and </s> are control tokens, so the template's text is
+# tokenized with them as single ids: the chat prompt has the tokens `kvslim tokenize --special`
+# gives for it (with BOS).
+serve_start tpl --chat-template llama2
+if grep -q 'chat template llama2' "$SERVE_LOG"; then pass "--chat-template llama2: named at start-up"
+else fail "--chat-template llama2: $(grep -m1 'loaded' "$SERVE_LOG")"; fi
+code=$(http POST /v1/chat/completions '{"messages":[{"role":"system","content":"Be kind."},{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello."},{"role":"user","content":"Bye"}],"max_tokens":2}')
+chat_prompt=$(jq .usage.prompt_tokens "$TMP/body" 2>/dev/null || true)
+ids=$("$KVS_BIN" tokenize -m "$SERVE_MODEL" --special \
+  -p $'[INST] <<SYS>>\nBe kind.\n<</SYS>>\n\nHi [/INST] Hello.</s><s>[INST] Bye [/INST]' | tr '\n' ' ')
+n_ids=$(wc -w <<<"$ids")
+if [ "$code" = 200 ] && [ "$chat_prompt" = "$n_ids" ] && [[ " $ids" == *" 2 1 "* ]]; then
+  pass "llama2 chat prompt: $chat_prompt tokens, </s><s> as the ids 2 1"
+else
+  fail "llama2 chat prompt: $code, ${chat_prompt:-?} tokens, want $n_ids ($ids)"
+fi
+serve_stop "$SERVE_PID" TERM "server tpl"
+status=0
+"$KVS_BIN" serve -m "$SERVE_MODEL" --port 0 --chat-template jinja >/dev/null 2>"$TMP/err" || status=$?
+[ "$status" = 2 ] && grep -q 'the templates are' "$TMP/err" && pass "an unknown --chat-template: exit 2" \
+  || fail "an unknown --chat-template: exit $status: $(head -c 200 "$TMP/err")"
 finish
