@@ -152,6 +152,31 @@ static void test_fp16(void)
     }
     CHECKF(bad_ref == 0, "%d floats round differently from the reference", bad_ref);
     CHECKF(bad_hw2 == 0, "%d floats round differently from F16C", bad_hw2);
+
+    /* whole rows (the vectorised conversion of kvs_quantize_row) against the scalar one, NaNs,
+     * infinities, subnormals and ties included, at every length up to 40 (the tails) */
+    enum { ROW = 4099 };
+    static float row[ROW];
+    static uint16_t got[ROW];
+    int bad_row = 0;
+    for (int i = 0; i < ROW; i++) {
+        uint32_t u = rnd_u32();
+        if (i % 3 == 0)
+            u = (u & 0x807fffffu) | ((100u + rnd_u32() % 46u) << 23);
+        if (i % 5 == 0)
+            u = (u & ~0x1fffu) | 0x1000u;
+        row[i] = bitsf(u);
+    }
+    row[1] = NAN, row[2] = INFINITY, row[3] = -INFINITY, row[4] = 0x1p-25f, row[5] = 65520.0f;
+    for (int n = 0; n <= 40; n++) {
+        kvs_quantize_row(KVS_F16, row + 7, got, n);
+        for (int i = 0; i < n; i++)
+            bad_row += got[i] != kvs_fp32_to_fp16(row[7 + i]);
+    }
+    kvs_quantize_row(KVS_F16, row, got, ROW);
+    for (int i = 0; i < ROW; i++)
+        bad_row += got[i] != kvs_fp32_to_fp16(row[i]);
+    CHECKF(bad_row == 0, "%d row elements differ from kvs_fp32_to_fp16", bad_row);
 }
 
 static void test_bf16(void)

@@ -114,18 +114,33 @@ void kvs_dequantize_row(kvs_dtype t, const void *src, float *dst, int64_t n)
     }
 }
 
+/* F16C's conversion (round to nearest even, NaN made quiet: what kvs_fp32_to_fp16_scalar
+ * gives, bit for bit); the KV store converts every new key and value row with it. */
+static void fp32_to_fp16_row(const float *src, uint16_t *dst, int64_t n)
+{
+    int64_t i = 0;
+#if KVS_AVX512
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(dst + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#elif KVS_AVX2
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < n; i++)
+        dst[i] = kvs_fp32_to_fp16_scalar(src[i]);
+}
+
 void kvs_quantize_row(kvs_dtype t, const float *src, void *dst, int64_t n)
 {
     switch (t) {
     case KVS_F32:
         memcpy(dst, src, (size_t)n * sizeof(float));
         break;
-    case KVS_F16: {
-        uint16_t *d = dst;
-        for (int64_t i = 0; i < n; i++)
-            d[i] = kvs_fp32_to_fp16_scalar(src[i]);
+    case KVS_F16:
+        fp32_to_fp16_row(src, dst, n);
         break;
-    }
     case KVS_BF16: {
         uint16_t *d = dst;
         for (int64_t i = 0; i < n; i++)
