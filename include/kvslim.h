@@ -150,7 +150,7 @@ typedef struct kvs_session_params {
     int allow_ctx_beyond_trained;
     /* 1: multiply quantised weights with fp32 activations (the weights dequantised block by
      * block), as llama.cpp does on a copy of the file dequantised to F32: logits within fp32
-     * rounding of that reference. 0 (default): Q8_0, Q4_0, Q4_K, Q5_K and Q6_K weights use
+     * rounding of that reference. 0 (default): Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_NL weights use
      * integer kernels on activations quantised to 8-bit blocks of 32, as llama.cpp's CPU
      * kernels do (its numerics class), several times faster; other types are always exact. */
     int exact_matmul;

@@ -19,15 +19,7 @@
 #include "core/matmul_kq.h"
 #include "kvslim.h"
 
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static uint32_t rnd_u32(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
-static float rnd_unit(void) { return (float)((rnd_u32() >> 8) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
+#include "rng.h"
 
 static const kvs_dtype types[] = {KVS_Q4_K, KVS_Q6_K, KVS_Q5_K, KVS_IQ4_NL};
 #define N_TYPES (sizeof types / sizeof types[0])

@@ -19,15 +19,8 @@
 #include "model/llama_write.h"
 #include "kvslim.h"
 
-static uint64_t rng_state = 0x243f6a8885a308d3ull;
-static uint32_t rnd_u32(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
-static float rnd_unit(void) { return (float)((rnd_u32() >> 8) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
+#define RNG_SEED 0x243f6a8885a308d3ull
+#include "rng.h"
 
 static const kvs_dtype new_types[] = {KVS_Q4_K, KVS_Q5_K, KVS_Q6_K, KVS_IQ4_NL, KVS_Q4_1,
                                       KVS_Q5_0, KVS_Q5_1, KVS_Q2_K, KVS_Q3_K};

@@ -16,14 +16,7 @@
 #include "kvslim.h"
 #include "model/llama_write.h"
 
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static uint32_t rnd_u32(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
+#include "rng.h"
 /* Uniform in (0, 1). */
 static double rnd_open(void) { return ((rnd_u32() >> 8) + 0.5) * (1.0 / 16777216.0); }
 static float rnd_normal(void)

@@ -182,10 +182,12 @@ static const flag_def flags[] = {
      "(stories260K then starts a new story), shown as a line break"},
     {FL_CHUNK, NULL, "--chunk", K_INT, "N", SESSION, 1, 1 << 20, 0, NULL,
      "prompt tokens per forward batch (default 512)"},
-    {FL_EXACT_MATMUL, NULL, "--exact-matmul", K_NONE, NULL, SESSION & ~CMD_EVAL, 0, 0, 0, NULL,
+    {FL_EXACT_MATMUL, NULL, "--exact-matmul", K_NONE, NULL, (SESSION & ~CMD_EVAL) | CMD_SERVE, 0,
+     0, 0, NULL,
      "multiply quantised weights with fp32 activations (llama.cpp's\n"
      "numbers on the file dequantised to F32; slower); default: 8-bit\n"
-     "activations for q8_0, q4_0 and the K-quants, as llama.cpp's CPU kernels"},
+     "activations for q8_0, q4_0, q4_K, q5_K, q6_K and iq4_nl weights,\n"
+     "as llama.cpp's CPU kernels"},
     {FL_JSON, NULL, "--json", K_STRING, "OUT", CMD_EVAL, 0, 0, 0, NULL,
      "results as a JSON array of objects (rewritten as each run ends)"},
     {FL_JSON, NULL, "--json", K_STRING, "OUT", CMD_LAYERSIM, 0, 0, 0, NULL,

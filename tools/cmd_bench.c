@@ -13,7 +13,8 @@ static const cli_command bench_cmd = {
     "bench", CMD_BENCH,
     "usage: kvslim bench (-m MODEL | --synthetic SHAPE) [options]\n"
     "\n"
-    "Times a prompt of random tokens (prefill) and then decoding one token at a time.\n",
+    "Times a prompt of random tokens (prefill) and then decoding one token at a time, after one\n"
+    "untimed warm-up run of both on the same session (as llama-bench does).\n",
     NULL};
 
 typedef struct shape {

@@ -39,6 +39,7 @@ static int serve(const cli_args *a)
     o.n_threads = a->given[FL_THREADS] ? cli_threads(a) : 1;
     o.kv = cli_get_str(a, FL_KV, NULL);
     o.kv_type = cli_get_str(a, FL_KV_TYPE, NULL);
+    o.exact_matmul = a->given[FL_EXACT_MATMUL] > 0;
     o.chat_template = cli_get_str(a, FL_CHAT_TEMPLATE, NULL);
     o.api_key = cli_get_str(a, FL_API_KEY, NULL);
     o.max_body = (size_t)cli_get_int(a, FL_MAX_BODY, (int)o.max_body);

@@ -23,6 +23,7 @@ typedef struct kvs_server_opts {
     const unsigned char *page; /* GET / (text/html); NULL: 404 */
     size_t page_len;
     const char *chat_template; /* a kvs_chat_template_by_name name; NULL: the model's */
+    int exact_matmul;          /* kvs_session_params.exact_matmul of every sequence */
 } kvs_server_opts;
 
 /* The defaults of `kvslim serve` (port 8080, 2 sequences, a queue of 8, 1 MiB bodies, 600 s). */

@@ -243,6 +243,7 @@ static enum MHD_Result generate(kvs_srv_exchange *x)
                              .n_stops = n_stops,
                              .stop_token = chat ? srv->chat_end_token : -1};
     gp.session.n_threads = srv->opts.n_threads;
+    gp.session.exact_matmul = srv->opts.exact_matmul;
     gp.session.n_ctx = srv->n_ctx;
     gp.session.kv_policy = x->kv;
     gp.session.kv_type = x->kv_type;
