@@ -132,6 +132,11 @@ static void golden(const char *name)
     if (st != KVS_OK)
         return;
     printf("%-10s load %.1f ms\n", name, (now() - t0) * 1e3);
+    /* all F32: the bytes held are 4 per parameter, the biases and per-head norms included */
+    kvs_model_info info;
+    kvs_model_get_info(m, &info);
+    CHECKF(info.weight_bytes == 4 * (size_t)info.n_params, "%s: weight_bytes %zu for %lld "
+           "parameters", name, info.weight_bytes, (long long)info.n_params);
     int tok[N_SEQ];
     int32_t ids[N_SEQ];
     CHECK(check_read_tokens(arch_path(path, sizeof path, "seq128", ".tokens"), tok, N_SEQ) ==

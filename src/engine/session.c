@@ -72,10 +72,12 @@ kvs_status kvs_model_load(const char *path, kvs_model **out, kvs_error *err)
 
 void kvs_model_free(kvs_model *m) { kvs_llama_free(m); }
 
-static size_t weight_bytes(const kvs_weight *w)
+/* Bytes of a matrix as stored; *elems += its elements. */
+static size_t weight_bytes(const kvs_weight *w, int64_t *elems)
 {
     uint64_t row = 0;
     kvs_dtype_bytes(w->type, (uint64_t)w->cols, &row);
+    *elems += (int64_t)w->rows * w->cols;
     return (size_t)row * (size_t)w->rows;
 }
 
@@ -98,16 +100,19 @@ void kvs_model_get_info(const kvs_model *m, kvs_model_info *info)
     info->head_dim = hp->head_dim;
     info->n_params = m->n_params;
     info->weight_type = kvs_dtype_name(m->layers[0].wq.type);
-    size_t bytes = weight_bytes(&m->tok_embd) + sizeof(float) * (size_t)hp->dim *
-                                                    (2 * (size_t)hp->n_layers + 1);
+    int64_t matrix_elems = 0;
+    size_t bytes = weight_bytes(&m->tok_embd, &matrix_elems);
     if (m->output.data != m->tok_embd.data)
-        bytes += weight_bytes(&m->output);
+        bytes += weight_bytes(&m->output, &matrix_elems);
     for (int l = 0; l < hp->n_layers; l++) {
         const kvs_layer *L = &m->layers[l];
-        bytes += weight_bytes(&L->wq) + weight_bytes(&L->wk) + weight_bytes(&L->wv) +
-                 weight_bytes(&L->wo) + weight_bytes(&L->w_gate) + weight_bytes(&L->w_up) +
-                 weight_bytes(&L->w_down);
+        const kvs_weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof w / sizeof *w; i++)
+            bytes += weight_bytes(w[i], &matrix_elems);
     }
+    /* every other parameter is an F32 vector: norms, and the biases and per-head norms of the
+     * architectures that have them */
+    bytes += sizeof(float) * (size_t)(m->n_params - matrix_elems);
     info->weight_bytes = bytes;
 }
 
