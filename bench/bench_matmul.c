@@ -3,7 +3,8 @@
  *   bench_matmul [reps] [types] [threads]     e.g. bench_matmul 5 f32,q8_0 2
  * (defaults: 5 reps; f32,f16,bf16,q8_0,q4_0; 1 and 2 threads)
  * Types: f32, f16, bf16, q8_0, q4_0 (weights quantised from random values), and the read-only
- * types q4_k, q5_k, q6_k, iq4_nl (random quant bytes, finite fp16 scales), which kvs_matmul
+ * types q4_k, q5_k, q6_k, iq4_nl, q4_1, q5_0, q5_1 (random quant bytes, finite fp16 scales and
+ * mins), which kvs_matmul
  * multiplies with 8-bit activations (core/matmul_kq.c); with the suffix ":exact" (q4_k:exact)
  * the same weights go through kvs_matmul_deq instead (fp32 activations, dequantised weights).
  *
@@ -60,7 +61,8 @@ static float rnd(void)
 static void random_blocks(kvs_dtype wt, char *w, size_t bytes)
 {
     const size_t bb = kvs_dtype_block_bytes(wt);
-    const float range = wt == KVS_Q4_K ? 945 : wt == KVS_Q5_K ? 1953 : wt == KVS_Q6_K ? 4064 : 127;
+    const float range = wt == KVS_Q4_K ? 945 : wt == KVS_Q5_K ? 1953 : wt == KVS_Q6_K ? 4064
+                        : wt == KVS_Q4_1 ? 15 : wt == KVS_Q5_0 ? 16 : wt == KVS_Q5_1 ? 31 : 127;
     for (size_t i = 0; i < bytes; i++)
         w[i] = (char)(rnd() * 127.0f);
     for (char *p = w; p < w + bytes; p += bb) {
@@ -69,6 +71,9 @@ static void random_blocks(kvs_dtype wt, char *w, size_t bytes)
         case KVS_Q4_K: ((kvs_block_q4_K *)p)->d = d, ((kvs_block_q4_K *)p)->dmin = m; break;
         case KVS_Q5_K: ((kvs_block_q5_K *)p)->d = d, ((kvs_block_q5_K *)p)->dmin = m; break;
         case KVS_Q6_K: ((kvs_block_q6_K *)p)->d = d; break;
+        case KVS_Q4_1: ((kvs_block_q4_1 *)p)->d = d, ((kvs_block_q4_1 *)p)->m = kvs_fp32_to_fp16(0.05f * rnd()); break;
+        case KVS_Q5_0: ((kvs_block_q5_0 *)p)->d = d; break;
+        case KVS_Q5_1: ((kvs_block_q5_1 *)p)->d = d, ((kvs_block_q5_1 *)p)->m = kvs_fp32_to_fp16(0.05f * rnd()); break;
         default: ((kvs_block_iq4_nl *)p)->d = d; break;
         }
     }
@@ -213,7 +218,8 @@ static int parse_type(const char *tok, kvs_dtype *wt, int *exact)
     static const struct {
         const char *name;
         kvs_dtype t;
-    } ro[] = {{"q4_k", KVS_Q4_K}, {"q5_k", KVS_Q5_K}, {"q6_k", KVS_Q6_K}, {"iq4_nl", KVS_IQ4_NL}};
+    } ro[] = {{"q4_k", KVS_Q4_K}, {"q5_k", KVS_Q5_K}, {"q6_k", KVS_Q6_K}, {"iq4_nl", KVS_IQ4_NL},
+              {"q4_1", KVS_Q4_1}, {"q5_0", KVS_Q5_0}, {"q5_1", KVS_Q5_1}};
     if (kvs_dtype_parse(tok, wt) == 0)
         return 1;
     for (size_t i = 0; i < sizeof ro / sizeof ro[0]; i++) {

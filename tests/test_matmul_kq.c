@@ -1,4 +1,4 @@
-/* kvs_matmul_kq (core/matmul_kq.c): Q4_K, Q5_K, Q6_K and IQ4_NL weights times 8-bit activations.
+/* kvs_matmul_kq (core/matmul_kq.c): Q4_K, Q5_K, Q6_K, IQ4_NL, Q4_1, Q5_0 and Q5_1 weights times 8-bit activations.
  * For random weights and activations (zero rows, a row with one huge value, negative values),
  * several shapes and 1 / 2 / 3 threads:
  *  (a) the fast paths (gemv for few rows, tiles for many) against the scalar reference
@@ -21,15 +21,16 @@
 
 #include "rng.h"
 
-static const kvs_dtype types[] = {KVS_Q4_K, KVS_Q6_K, KVS_Q5_K, KVS_IQ4_NL};
+static const kvs_dtype types[] = {KVS_Q4_K, KVS_Q6_K, KVS_Q5_K, KVS_IQ4_NL, KVS_Q4_1, KVS_Q5_0, KVS_Q5_1};
 #define N_TYPES (sizeof types / sizeof types[0])
 
 /* Random blocks: random quant and scale bytes, finite fp16 super-block scales (values about
- * +-1 in size: amp over the largest raw product of the type). */
+ * +-1 in size: amp over the largest raw product of the type; Q4_1 / Q5_1 mins in [-1, 1]). */
 static void random_blocks(kvs_dtype t, void *dst, int64_t n)
 {
     const size_t bb = kvs_dtype_block_bytes(t), be = kvs_dtype_block_elems(t);
-    const float range = t == KVS_Q4_K ? 945 : t == KVS_Q5_K ? 1953 : t == KVS_Q6_K ? 4064 : 127;
+    const float range = t == KVS_Q4_K ? 945 : t == KVS_Q5_K ? 1953 : t == KVS_Q6_K ? 4064
+                        : t == KVS_Q4_1 ? 15 : t == KVS_Q5_0 ? 16 : t == KVS_Q5_1 ? 31 : 127;
     char *p = dst;
     for (int64_t b = 0; b < n / (int64_t)be; b++, p += bb) {
         for (size_t i = 0; i < bb; i++)
@@ -40,6 +41,9 @@ static void random_blocks(kvs_dtype t, void *dst, int64_t n)
         case KVS_Q4_K: ((kvs_block_q4_K *)p)->d = d, ((kvs_block_q4_K *)p)->dmin = m; break;
         case KVS_Q5_K: ((kvs_block_q5_K *)p)->d = d, ((kvs_block_q5_K *)p)->dmin = m; break;
         case KVS_Q6_K: ((kvs_block_q6_K *)p)->d = d; break;
+        case KVS_Q4_1: ((kvs_block_q4_1 *)p)->d = d, ((kvs_block_q4_1 *)p)->m = kvs_fp32_to_fp16(rnd_unit()); break;
+        case KVS_Q5_0: ((kvs_block_q5_0 *)p)->d = d; break;
+        case KVS_Q5_1: ((kvs_block_q5_1 *)p)->d = d, ((kvs_block_q5_1 *)p)->m = kvs_fp32_to_fp16(rnd_unit()); break;
         default: ((kvs_block_iq4_nl *)p)->d = d; break;
         }
     }
@@ -119,11 +123,20 @@ static void check_case(kq_state *st, kvs_dtype t, int n_rows, int n_in, int n_ou
         }
         for (int o = 0; o < n_out; o++) {
             const float *wr = wf + (size_t)o * n_in;
+            /* Q4_1 / Q5_1 sum the two terms d u x and m x separately (in fp32), which may cancel:
+             * the summation-order errors scale with |d u x| + |m x| <= (|w| + 2 |m|) |x| */
+            const int has_min = t == KVS_Q4_1 || t == KVS_Q5_1;
+            const size_t bb = kvs_dtype_block_bytes(t);
             double exact = 0, sabs = 0, qerr = 0;
             for (int k = 0; k < n_in; k++) {
                 exact += (double)xr[k] * wr[k];
                 sabs += fabs((double)xr[k] * wr[k]);
                 qerr += fabs((double)wr[k]) * xd[k / 32] * 0.5;
+                if (has_min) {
+                    uint16_t m;
+                    memcpy(&m, w + (size_t)o * rb + (size_t)(k / 32) * bb + 2, 2);
+                    sabs += 2.0 * fabs((double)kvs_fp16_to_fp32(m) * xr[k]);
+                }
             }
             const size_t i = (size_t)r * n_out + o;
             ye[i] = exact;
@@ -171,12 +184,17 @@ static void test_shapes(kq_state *st)
             for (size_t b = 0; b < sizeof outs / sizeof outs[0]; b++)
                 for (size_t c = 0; c < sizeof rows / sizeof rows[0]; c++)
                     check_case(st, types[t], rows[c], ins[a], outs[b]);
-    /* IQ4_NL rows that are not whole groups of 8 blocks (odd block counts), and repeated seeds */
+    /* block-of-32 rows that are not whole groups of 8 blocks (odd block counts), and repeated
+     * seeds */
+    const kvs_dtype b32[] = {KVS_IQ4_NL, KVS_Q4_1, KVS_Q5_0, KVS_Q5_1};
     for (int rep = 0; rep < 3; rep++) {
-        check_case(st, KVS_IQ4_NL, 1, 32, 7);
-        check_case(st, KVS_IQ4_NL, 3, 96, 20);
-        check_case(st, KVS_IQ4_NL, 2, 416, 9);
-        check_case(st, KVS_IQ4_NL, 9, 160, 50);
+        for (size_t t = 0; t < sizeof b32 / sizeof b32[0]; t++) {
+            check_case(st, b32[t], 1, 32, 7);
+            check_case(st, b32[t], 3, 96, 20);
+            check_case(st, b32[t], 2, 416, 9);
+            check_case(st, b32[t], 9, 160, 50);
+            check_case(st, b32[t], 12, 224, 33);
+        }
         for (size_t t = 0; t < N_TYPES; t++) {
             check_case(st, types[t], 1, 512, 33);
             check_case(st, types[t], 6, 1280, 70);
@@ -198,7 +216,8 @@ static void test_detects_errors(void)
             x[i] = rnd_unit();
         memcpy(w2, w, rb * n_out);
         /* flip a high bit of a quant in the first super-block / block of row 3 */
-        const size_t qoff = types[t] == KVS_Q6_K ? 5 : types[t] == KVS_IQ4_NL ? 7 : types[t] == KVS_Q5_K ? 60 : 20;
+        const size_t qoff = types[t] == KVS_Q6_K ? 5 : types[t] == KVS_IQ4_NL ? 7 : types[t] == KVS_Q5_K ? 60
+                            : types[t] == KVS_Q4_1 ? 9 : types[t] == KVS_Q5_0 ? 11 : types[t] == KVS_Q5_1 ? 13 : 20;
         w2[3 * rb + qoff] ^= 0x88;
         CHECK(kvs_matmul_kq(NULL, y, x, w, types[t], 1, n_in, n_out) == KVS_OK);
         CHECK(kvs_matmul_kq(NULL, y2, x, w2, types[t], 1, n_in, n_out) == KVS_OK);
@@ -217,8 +236,7 @@ static void test_types(kvs_pool *pool)
 {
     for (size_t t = 0; t < N_TYPES; t++)
         CHECK(kvs_kq_type(types[t]));
-    const kvs_dtype no[] = {KVS_F32, KVS_F16, KVS_BF16, KVS_Q8_0, KVS_Q4_0, KVS_Q4_1,
-                            KVS_Q5_0, KVS_Q5_1, KVS_Q2_K, KVS_Q3_K};
+    const kvs_dtype no[] = {KVS_F32, KVS_F16, KVS_BF16, KVS_Q8_0, KVS_Q4_0, KVS_Q2_K, KVS_Q3_K};
     float y = 42.0f, x[256] = {0};
     static _Alignas(64) char w[1024];
     for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {

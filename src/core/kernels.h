@@ -37,15 +37,15 @@ uint16_t kvs_fp32_to_bf16(float f);
 void kvs_dequantize_row(kvs_dtype t, const void *src, float *dst, int64_t n);
 void kvs_quantize_row(kvs_dtype t, const float *src, void *dst, int64_t n);
 
-/* y[r][o] = sum_i x[r][i] * W[o][i] for r < n_rows, o < n_out. Q4_1, Q5_0, Q5_1, Q2_K and Q3_K
- * weights are dequantised block by block and multiplied in fp32 with fp32 x (dequant.h,
- * matmul_deq.c): within fp32 rounding of the fp32 reference.
+/* y[r][o] = sum_i x[r][i] * W[o][i] for r < n_rows, o < n_out. Q2_K and Q3_K weights are
+ * dequantised block by block and multiplied in fp32 with fp32 x (dequant.h, matmul_deq.c):
+ * within fp32 rounding of the fp32 reference.
  * W is n_out rows of n_in elements of type wt (row stride = bytes of n_in elements).
  * x is n_rows x n_in fp32 (row stride n_in), y is n_rows x n_out fp32 (row stride n_out).
  * Runs on every thread of pool. Q8_0/Q4_0 weights may quantise x to Q8_0 internally (as GGML
- * does), and Q4_K, Q5_K, Q6_K and IQ4_NL weights do (matmul_kq.h), so results differ from the
- * fp32 reference by that rounding. n_rows == 0 or n_out == 0
- * does nothing. Returns KVS_OK with y written, or, with y not written: KVS_ERR_UNSUPPORTED for a
+ * does), and Q4_K, Q5_K, Q6_K, IQ4_NL, Q4_1, Q5_0 and Q5_1 weights do (matmul_kq.h), so
+ * results differ from the fp32 reference by that rounding. n_rows == 0 or n_out == 0 does
+ * nothing. Returns KVS_OK with y written, or, with y not written: KVS_ERR_UNSUPPORTED for a
  * type without a kernel, KVS_ERR_ARG for negative sizes or n_in not a whole number of wt's
  * blocks, KVS_ERR_NOMEM when its scratch memory cannot be had. The caller names the tensor. */
 kvs_status kvs_matmul(kvs_pool *pool, float *y, const float *x, const void *w, kvs_dtype wt,

@@ -1022,9 +1022,10 @@ kvs_status kvs_matmul_ex(kvs_pool *pool, float *y, const float *x, const void *w
     /* exact: every block type as fp32 x times dequantised W (matmul_deq.c) */
     if (exact && kvs_dequantize_fn(wt))
         return kvs_matmul_deq(pool, y, x, w, wt, n_rows, n_in, n_out);
-    if (kvs_kq_type(wt)) /* Q4_K, Q5_K, Q6_K, IQ4_NL: 8-bit x, integer dots (matmul_kq.c) */
+    /* Q4_K, Q5_K, Q6_K, IQ4_NL, Q4_1, Q5_0, Q5_1: 8-bit x, integer dots (matmul_kq.c) */
+    if (kvs_kq_type(wt))
         return kvs_matmul_kq(pool, y, x, w, wt, n_rows, n_in, n_out);
-    if (kvs_deq_type(wt)) /* Q4_1, Q5_0, Q5_1, Q2_K, Q3_K: fp32 x, dequantised W */
+    if (kvs_deq_type(wt)) /* Q2_K, Q3_K: fp32 x, dequantised W */
         return kvs_matmul_deq(pool, y, x, w, wt, n_rows, n_in, n_out);
     const int nth = pool ? kvs_pool_size(pool) : 1;
     const int quant = wt == KVS_Q8_0 || wt == KVS_Q4_0;

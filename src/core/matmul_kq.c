@@ -1,14 +1,17 @@
-/* kvs_matmul for Q4_K, Q5_K, Q6_K and IQ4_NL weights: 8-bit activations times the raw quants. */
+/* kvs_matmul for Q4_K, Q5_K, Q6_K, IQ4_NL, Q4_1, Q5_0 and Q5_1 weights: 8-bit activations times
+ * the raw quants. */
 /*
  * Arithmetic (kvs_matmul_kq_ref in matmul_kq.h defines it): x is quantised per block of 32 as
  * kernels_matmul.c does for Q8_0 (fp32 xd = amax / 127, q = rint(x / xd)). The weights are used
- * as their raw unsigned quants u (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63, IQ4_NL kvalue + 128 in
- * 1..241) times the signed x bytes with VPDPBUSD; every per-sub-block constant is applied after
- * the integer sums:
+ * as their raw unsigned quants u (Q4_K, Q4_1 0..15, Q5_K, Q5_0, Q5_1 0..31, Q6_K 0..63, IQ4_NL
+ * kvalue + 128 in 1..241) times the signed x bytes with VPDPBUSD; every per-sub-block constant
+ * is applied after the integer sums:
  *   Q4_K / Q5_K: y += (d sc_s) xd_b sum(u q) - (dmin m_s) xd_b sum(q)
  *   Q6_K:        y += (d sc_s) xd_b (sum(u q) - 32 sum(q))
  *   IQ4_NL:      y += d xd_b (sum((kv + 128) q) - 128 sum(q))
- * The x sums are computed once per x row and shared by every output column; the -32 / -128
+ *   Q4_1 / Q5_1: y += d xd_b sum(u q) + m xd_b sum(q)
+ *   Q5_0:        y += d xd_b (sum(u q) - 16 sum(q))
+ * The x sums are computed once per x row and shared by every output column; the -32 / -128 / -16
  * terms are integers and start the VPDPBUSD sums, lane by lane (each lane then holds an exact
  * sum of (u - offset) q, so nothing cancels after the conversion to fp32). Against the exact
  * path (matmul_deq.c: fp32 x, dequantised weights) the results differ by the activation
@@ -24,14 +27,17 @@
  *    (8-bit) scales become one vector of 16 fp32 constants [d sc_s | dmin m_s] (Q6_K: d sc_g).
  *    Per x row (up to 4 share the unpacking): the constants times their blocks' xd (1 mul), 4
  *    VPDPBUSD, 4 conversions, 4 permutations of the scaled constants to the lanes, 4 FMA, and
- *    one FMA for the min term. IQ4_NL goes by pairs of blocks of 32: nibbles to kvalue + 128
- *    with one VPSHUFB (as Q4_0 in kernels_matmul.c, with its x layout).
+ *    one FMA for the min term. The block-of-32 types go by pairs of blocks of 32 (as Q4_0 in
+ *    kernels_matmul.c, with its x layout): IQ4_NL's nibbles to kvalue + 128 with one VPSHUFB,
+ *    Q5_0 / Q5_1's bit 4 added under a 64-bit byte mask built from the two blocks' qh, and
+ *    Q4_1 / Q5_1's m xd_b sum(q) as one masked FMA per group of 8 blocks (m times the per-block
+ *    xd_b sum(q) precomputed with x).
  *  - tile (prefill): each thread packs a panel of 16 * KQ_C columns once (per block of 32 and
  *    16 columns: 8 vectors of 16 lanes x 4 consecutive u bytes, then 2 x 16 fp32 constants;
  *    the scales unpacked once per super-block) and reuses it for every x row through a
  *    KQ_R x 16 KQ_C register-blocked VPDPBUSD micro-kernel with a broadcast 4-byte group of x:
  *    per block one conversion, multiplication and FMA per tile vector, plus an FMA for the
- *    Q4_K / Q5_K min term, or a second set for Q6_K's two sub-blocks of 16.
+ *    Q4_K / Q5_K / Q4_1 / Q5_1 min term, or a second set for Q6_K's two sub-blocks of 16.
  *
  * Speed, development VM (AMD EPYC Zen 4, 2 vCPUs shared with other jobs: ranges over 2-4 runs
  * of bench_matmul 10 in quiet periods; shapes 768x768, 768x2048, 2048x768), one thread;
@@ -42,6 +48,11 @@
  *   q5_K       528-537            36           27-28        exact: 119 / 5.0 / 4.3
  *   q6_K       398-451            45-47        27-33        exact: 117 / 6.5 / 5.5
  *   iq4_nl     545-564            28           22-23        exact: 108 / 6.3 / 5.0
+ *   q4_1       517-529            27-28        22-23        exact: 112-113 / 8.6-8.8 / 7.6-7.9
+ *   q5_0       522-556            26-27        22           exact: 110-112 / 7.9-8.3 / 5.0-7.2
+ *   q5_1       517-527            27           21-22        exact: 109-112 / 8.2-8.6 / 5.1-7.3
+ * (Q4_1 / Q5_0 / Q5_1 measured in 3 runs alongside q8_0 590-595 / 43-44 / 16.5 and q4_K 527-529 /
+ * 31-32 / 23-24; their two-thread numbers were not measured in a quiet period.)
  * Two threads: prefill 820-950 GFLOP/s (q6_K 670-750; q8_0 920-930), decode hot 40-76 GB/s.
  * Per element, Q4_K's decode is 1.4x Q8_0's; it is bound by the vector ops (about 31 per
  * super-block and x row), not by the bytes. Q6_K's tiles pay two conversions, multiplications
@@ -67,9 +78,14 @@
  *   q4_K   91/146  103/124  119/135  136/142  157/147  203/147
  *   q6_K   71/152   83/133   98/147  107/150  120/152  157/154
  *   iq4_nl 71/141   84/121   99/129  111/135  130/141  176/142
+ * and the other blocks of 32 (a later run: iq4_nl 88/155 125/144 157/155 170/145 at 4 6 8 9):
+ *   rows     4        6        7        8        9        12
+ *   q4_1   80/149  111/134  121/137  135/149  153/138  191/150
+ *   q5_0   81/145  116/134  131/143  146/149  158/134  197/149
+ *   q5_1   82/136  104/122  119/129  133/136  144/122  179/136
  * (packing a panel costs more than Q8_0's, whose tiles win from 3 rows). */
 #ifndef KQ_TILE_MIN_ROWS
-#define KQ_TILE_MIN_ROWS(wt) ((wt) == KVS_Q6_K ? 12 : (wt) == KVS_IQ4_NL ? 9 : 8)
+#define KQ_TILE_MIN_ROWS(wt) ((wt) == KVS_Q6_K ? 12 : (wt) == KVS_Q4_K || (wt) == KVS_Q5_K ? 8 : 9)
 #endif
 #define KQ_CHUNKS_PER_THREAD 4
 
@@ -84,13 +100,34 @@
 int kvs_kq_type(kvs_dtype t)
 {
     switch ((int)t) {
-    case KVS_Q4_K: case KVS_Q5_K: case KVS_Q6_K: case KVS_IQ4_NL: return 1;
+    case KVS_Q4_K: case KVS_Q5_K: case KVS_Q6_K: case KVS_IQ4_NL:
+    case KVS_Q4_1: case KVS_Q5_0: case KVS_Q5_1: return 1;
     }
     return 0;
 }
 
+/* The block-of-32 types (IQ4_NL, Q4_1, Q5_0, Q5_1), and their byte offsets in a block. */
+static int b32_type(kvs_dtype wt)
+{
+    return wt == KVS_IQ4_NL || wt == KVS_Q4_1 || wt == KVS_Q5_0 || wt == KVS_Q5_1;
+}
+/* Q4_1 / Q5_1: w = d u + m (the m term applied to the x sums) */
+static int b32_has_min(kvs_dtype wt) { return wt == KVS_Q4_1 || wt == KVS_Q5_1; }
+static int b32_qs_off(kvs_dtype wt)
+{
+    return wt == KVS_Q4_1 ? 4 : wt == KVS_Q5_0 ? 6 : wt == KVS_Q5_1 ? 8 : 2;
+}
+static int b32_qh_off(kvs_dtype wt) { return wt == KVS_Q5_0 ? 2 : 4; } /* Q5_0 / Q5_1 */
+
 /* ------------------------------------------------------------------------------------------ */
 /* Scalar block arithmetic (the reference, and the portable path)                             */
+
+static inline uint16_t load_u16(const char *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
 
 /* x block of 32 -> q, xd (amax / 127, q = rint(x / xd) through the reciprocal). */
 static void quant_block_scalar(const float *x, int8_t *q, float *xd)
@@ -123,6 +160,9 @@ static size_t sb_bytes(kvs_dtype wt)
     case KVS_Q4_K: return sizeof(kvs_block_q4_K);
     case KVS_Q5_K: return sizeof(kvs_block_q5_K);
     case KVS_Q6_K: return sizeof(kvs_block_q6_K);
+    case KVS_Q4_1: return sizeof(kvs_block_q4_1);
+    case KVS_Q5_0: return sizeof(kvs_block_q5_0);
+    case KVS_Q5_1: return sizeof(kvs_block_q5_1);
     }
     return sizeof(kvs_block_iq4_nl);
 }
@@ -155,6 +195,16 @@ static void raw_block(kvs_dtype wt, const char *row, int b, uint8_t *u)
         }
         break;
     }
+    case KVS_Q4_1: case KVS_Q5_0: case KVS_Q5_1: {
+        const char *k = row + (size_t)b * sb_bytes(wt);
+        const uint8_t *qs = (const uint8_t *)k + b32_qs_off(wt);
+        uint32_t qh = 0;
+        if (wt != KVS_Q4_1)
+            memcpy(&qh, k + b32_qh_off(wt), 4);
+        for (int l = 0; l < 32; l++)
+            u[l] = (uint8_t)((l < 16 ? qs[l] & 15 : qs[l - 16] >> 4) | ((qh >> l) & 1) << 4);
+        break;
+    }
     default: {
         const kvs_block_iq4_nl *k = (const kvs_block_iq4_nl *)row + b;
         for (int l = 0; l < 32; l++)
@@ -165,7 +215,7 @@ static void raw_block(kvs_dtype wt, const char *row, int b, uint8_t *u)
 }
 
 /* The weight constants of block b: Q4_K / Q5_K ws[0] = d sc_s, wm[0] = dmin m_s; Q6_K ws[0..1] =
- * d sc of its two sub-blocks of 16; IQ4_NL ws[0] = d. */
+ * d sc of its two sub-blocks of 16; IQ4_NL, Q5_0 ws[0] = d; Q4_1, Q5_1 ws[0] = d, wm[0] = m. */
 static void block_consts(kvs_dtype wt, const char *row, int b, float *ws, float *wm)
 {
     const int p = b % 8;
@@ -187,6 +237,13 @@ static void block_consts(kvs_dtype wt, const char *row, int b, float *ws, float 
         const float d = kvs_fp16_to_fp32_scalar(k->d);
         ws[0] = d * (float)k->scales[2 * p];
         ws[1] = d * (float)k->scales[2 * p + 1];
+        break;
+    }
+    case KVS_Q4_1: case KVS_Q5_0: case KVS_Q5_1: {
+        const char *k = row + (size_t)b * sb_bytes(wt);
+        ws[0] = kvs_fp16_to_fp32_scalar(load_u16(k));
+        if (wt != KVS_Q5_0)
+            wm[0] = kvs_fp16_to_fp32_scalar(load_u16(k + 2));
         break;
     }
     default:
@@ -221,12 +278,16 @@ static float block_dot(kvs_dtype wt, const char *row, int b, const int8_t *q, fl
     }
     if (wt == KVS_IQ4_NL)
         return ws[0] * xd * (float)isum;
+    if (wt == KVS_Q5_0)
+        return ws[0] * xd * (float)(isum - 16 * xs);
+    if (b32_has_min(wt))
+        return ws[0] * xd * (float)isum + wm[0] * xd * (float)xs;
     return ws[0] * xd * (float)isum - wm[0] * xd * (float)xs;
 }
 
 static size_t kq_row_bytes(kvs_dtype wt, int n_in)
 {
-    return (size_t)n_in / (wt == KVS_IQ4_NL ? 32 : 256) * sb_bytes(wt);
+    return (size_t)n_in / (b32_type(wt) ? 32 : 256) * sb_bytes(wt);
 }
 
 void kvs_matmul_kq_ref(float *y, const float *x, const void *w, kvs_dtype wt, int n_rows,
@@ -267,10 +328,10 @@ typedef struct {
     int nb, nbp;
     int8_t *xq; /* nbp * 32 bytes; gemv: permuted to match the weight vectors (fill_x_row) */
     float *xd;  /* nbp block scales */
-    float *xo;  /* 2 * nbp fp32 x-sum terms (Q4_K / Q5_K / Q6_K, layout by path) */
-    int32_t *xi; /* 2 * nbp integer x-sum terms (tile Q6_K / IQ4_NL) */
+    float *xo;  /* 2 * nbp fp32 x-sum terms (Q4_K / Q5_K / Q4_1 / Q5_1, layout by path) */
+    int32_t *xi; /* 2 * nbp integer x-sum terms (tile Q6_K / IQ4_NL / Q5_0) */
     float *xl;  /* 2 * nbp: gemv K-quants, per super-block 16 lanes of xd (fill_x_row) */
-    int32_t *xb; /* 8 * nbp: gemv Q6_K / IQ4_NL, per lane (4 bytes of xq) -32 or -128 sum(q) */
+    int32_t *xb; /* 8 * nbp: gemv Q6_K / IQ4_NL / Q5_0, per lane (4 bytes of xq) -off sum(q) */
 
     char *thread_scratch;
     size_t thread_scratch_bytes;
@@ -282,12 +343,6 @@ typedef struct {
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-static inline uint16_t load_u16(const char *p)
-{
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
 
 static void split_range(int n, int ith, int nth, int *lo, int *hi)
 {
@@ -354,16 +409,20 @@ static void fill_x_row(const kq_ctx *c, int r)
             memcpy(xq + (size_t)32 * b, q, 32);
             if (wt == KVS_Q4_K || wt == KVS_Q5_K)
                 xo[b] = -d * (float)xs;
+            else if (b32_has_min(wt))
+                xo[b] = d * (float)xs;
             else if (wt == KVS_Q6_K)
                 xi[2 * b] = -32 * s16[0], xi[2 * b + 1] = -32 * s16[1];
             else
-                xi[b] = -128 * xs;
-        } else if (wt == KVS_IQ4_NL) {
+                xi[b] = (wt == KVS_Q5_0 ? -16 : -128) * xs;
+        } else if (b32_type(wt)) {
             /* pairs of blocks as [a 0..15 | b 0..15 | a 16..31 | b 16..31] (the nibble halves of
-             * the two blocks' qs) */
+             * the two blocks' qs); Q4_1 / Q5_1: xo = xd sum(q) per block, for the m term */
             int8_t *dst = xq + (size_t)64 * (b / 2) + 16 * (b % 2);
             memcpy(dst, q, 16);
             memcpy(dst + 32, q + 16, 16);
+            if (b32_has_min(wt))
+                xo[b] = d * (float)xs;
         } else {
             /* xl: the xd of the lanes of the weight constants (Q4_K / Q5_K [d sc_s | dmin m_s],
              * Q6_K d sc_g for g = 2 p, 2 p + 1); xo: -sum(q) on the dmin m_s lanes */
@@ -375,12 +434,12 @@ static void fill_x_row(const kq_ctx *c, int r)
                 xo[16 * sb + 8 + p] = -(float)xs;
         }
     }
-    /* gemv Q6_K / IQ4_NL: the offset times the x sums enters each VPDPBUSD lane as its start
+    /* gemv Q6_K / IQ4_NL / Q5_0: the offset times the x sums enters each VPDPBUSD lane as its start
      * value (the sum over the lane's own 4 bytes), so that every lane holds an exact
      * sum (u - offset) q: a bias in one lane only would cancel against the other lanes after
      * the conversion to fp32, losing up to offset / |u - offset| of the precision. */
-    if (gemv && (wt == KVS_Q6_K || wt == KVS_IQ4_NL)) {
-        const int off = wt == KVS_Q6_K ? 32 : 128;
+    if (gemv && (wt == KVS_Q6_K || wt == KVS_IQ4_NL || wt == KVS_Q5_0)) {
+        const int off = wt == KVS_Q6_K ? 32 : wt == KVS_Q5_0 ? 16 : 128;
         for (int j = 0; j < 8 * nbp; j++) /* the whole padded row: pairs straddle nb */
             xbl[j] = -off * (xq[4 * j] + xq[4 * j + 1] + xq[4 * j + 2] + xq[4 * j + 3]);
     }
@@ -520,30 +579,43 @@ KVS_INLINE void gemv_k_sb(int NR, kvs_dtype wt, const char *blk, int sb, const i
     }
 }
 
-/* ---- gemv, IQ4_NL: groups of up to 8 blocks, pairs of blocks per VPDPBUSD ---- */
+/* ---- gemv, block-of-32 types: groups of up to 8 blocks, pairs of blocks per VPDPBUSD ---- */
 
-/* fp16 scales of blocks 0..ng-1 (ng <= 8) at base, stride 18, zero beyond ng (register inserts:
- * a stack round trip misses store forwarding). */
-KVS_INLINE __m256 iq4_scales8(const char *base, int ng)
+/* fp16 scales of blocks 0..ng-1 (ng <= 8) at base, stride bs bytes, zero beyond ng (register
+ * inserts: a stack round trip misses store forwarding). */
+KVS_INLINE __m256 b32_scales8(const char *base, size_t bs, int ng)
 {
     __m128i h = _mm_setzero_si128();
 #define KQ_INS(lane)                                                                            \
     if ((lane) < ng)                                                                            \
-        h = _mm_insert_epi16(h, load_u16(base + (size_t)(lane) * 18), lane);
+        h = _mm_insert_epi16(h, load_u16(base + (size_t)(lane) * bs), lane);
     KQ_INS(0) KQ_INS(1) KQ_INS(2) KQ_INS(3) KQ_INS(4) KQ_INS(5) KQ_INS(6) KQ_INS(7)
 #undef KQ_INS
     return _mm256_cvtph_ps(h);
 }
 
-KVS_INLINE void gemv_iq4_group(int NR, const char *row, int g, int ng, const int8_t *const *xq,
-                               const float *const *xd, const int32_t *const *xbv, __m512 (*acc)[4])
+/* IQ4_NL: nibbles to kvalue + 128 with one VPSHUFB; Q4_1 / Q5_0 / Q5_1: the nibbles, Q5's bit 4
+ * added under a byte mask made of the two blocks' qh; Q4_1 / Q5_1's m xd sum(q) terms: one
+ * masked FMA of 8 lanes per group and x row. */
+KVS_INLINE void gemv_b32_group(int NR, kvs_dtype wt, const char *row, int g, int ng,
+                               const int8_t *const *xq, const float *const *xd,
+                               const float *const *xo, const int32_t *const *xbv, __m512 (*acc)[4])
 {
-    const char *base = row + (size_t)g * 18;
-    const __m256 dw = iq4_scales8(base, ng);
+    const size_t bs = sb_bytes(wt);
+    const int qso = b32_qs_off(wt);
+    const char *base = row + (size_t)g * bs;
+    const __m256 dw = b32_scales8(base, bs, ng);
     __m512 scv[4];
     KQ_UNROLL
     for (int r = 0; r < NR; r++)
         scv[r] = _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_loadu_ps(xd[r] + g)));
+    if (b32_has_min(wt)) {
+        const __m512 mw = _mm512_castps256_ps512(b32_scales8(base + 2, bs, ng));
+        KQ_UNROLL
+        for (int r = 0; r < NR; r++)
+            acc[r][0] = _mm512_mask3_fmadd_ps(mw, _mm512_castps256_ps512(_mm256_loadu_ps(xo[r] + g)), acc[r][0],
+                                              (__mmask16)0xff);
+    }
     const __m512i table = _mm512_broadcast_i32x4(_mm_setr_epi8(
         1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153, (char)166, (char)181, (char)197,
         (char)217, (char)241)); /* kvs_iq4nl_values + 128 */
@@ -552,13 +624,26 @@ KVS_INLINE void gemv_iq4_group(int NR, const char *row, int g, int ng, const int
     for (int i = 0; i < 8; i += 2) {
         if (i >= ng)
             break;
-        const __m128i qa = _mm_loadu_si128((const __m128i *)(base + i * 18 + 2));
-        const __m128i qb = i + 1 < ng ? _mm_loadu_si128((const __m128i *)(base + (i + 1) * 18 + 2))
+        const __m128i qa = _mm_loadu_si128((const __m128i *)(base + i * bs + qso));
+        const __m128i qb = i + 1 < ng ? _mm_loadu_si128((const __m128i *)(base + (i + 1) * bs + qso))
                                       : _mm_setzero_si128();
         const __m256i t = _mm256_inserti128_si256(_mm256_castsi128_si256(qa), qb, 1);
         const __m512i nib = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(t, m4)),
                                                _mm256_and_si256(_mm256_srli_epi16(t, 4), m4), 1);
-        const __m512i u = _mm512_shuffle_epi8(table, nib); /* [a lo | b lo | a hi | b hi] */
+        __m512i u; /* [a lo | b lo | a hi | b hi] */
+        if (wt == KVS_IQ4_NL) {
+            u = _mm512_shuffle_epi8(table, nib);
+        } else if (wt == KVS_Q4_1) {
+            u = nib;
+        } else {
+            uint32_t ha, hb = 0;
+            memcpy(&ha, base + i * bs + b32_qh_off(wt), 4);
+            if (i + 1 < ng)
+                memcpy(&hb, base + (i + 1) * bs + b32_qh_off(wt), 4);
+            const uint64_t k = (uint64_t)(ha & 0xffffu) | (uint64_t)(hb & 0xffffu) << 16 |
+                               (uint64_t)(ha >> 16) << 32 | (uint64_t)(hb >> 16) << 48;
+            u = _mm512_mask_add_epi8(nib, _cvtu64_mask64(k), nib, _mm512_set1_epi8(0x10));
+        }
         const __m512i sidx = _mm512_setr_epi32(i, i, i, i, i + 1, i + 1, i + 1, i + 1, i, i, i, i, i + 1,
                                                i + 1, i + 1, i + 1);
         KQ_UNROLL
@@ -600,12 +685,12 @@ KVS_INLINE void gemv_nr(const kq_ctx *c, int NR, int r0, int o0, int o1, kvs_dty
         KQ_UNROLL
         for (int r = 0; r < NR; r++)
             acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm512_setzero_ps();
-        if (wt == KVS_IQ4_NL) {
+        if (b32_type(wt)) {
             const int nfull = nb & ~7;
             for (int g = 0; g < nfull; g += 8)
-                gemv_iq4_group(NR, row, g, 8, xq, xd, xbv, acc);
+                gemv_b32_group(NR, wt, row, g, 8, xq, xd, xo, xbv, acc);
             if (nfull < nb)
-                gemv_iq4_group(NR, row, nfull, nb - nfull, xq, xd, xbv, acc);
+                gemv_b32_group(NR, wt, row, nfull, nb - nfull, xq, xd, xo, xbv, acc);
         } else {
             const size_t bb = c->row_bytes / (size_t)nsb;
             for (int sb = 0; sb < nsb; sb++)
@@ -632,6 +717,9 @@ DEF_GEMV(gemv_q4_K, KVS_Q4_K)
 DEF_GEMV(gemv_q5_K, KVS_Q5_K)
 DEF_GEMV(gemv_q6_K, KVS_Q6_K)
 DEF_GEMV(gemv_iq4_nl, KVS_IQ4_NL)
+DEF_GEMV(gemv_q4_1, KVS_Q4_1)
+DEF_GEMV(gemv_q5_0, KVS_Q5_0)
+DEF_GEMV(gemv_q5_1, KVS_Q5_1)
 
 static void gemv_rows(const kq_ctx *c, int r0, int r1, int o0, int o1)
 {
@@ -641,6 +729,9 @@ static void gemv_rows(const kq_ctx *c, int r0, int r1, int o0, int o1)
         case KVS_Q4_K: gemv_q4_K(c, r, nr, o0, o1); break;
         case KVS_Q5_K: gemv_q5_K(c, r, nr, o0, o1); break;
         case KVS_Q6_K: gemv_q6_K(c, r, nr, o0, o1); break;
+        case KVS_Q4_1: gemv_q4_1(c, r, nr, o0, o1); break;
+        case KVS_Q5_0: gemv_q5_0(c, r, nr, o0, o1); break;
+        case KVS_Q5_1: gemv_q5_1(c, r, nr, o0, o1); break;
         default: gemv_iq4_nl(c, r, nr, o0, o1); break;
         }
     }
@@ -680,6 +771,17 @@ KVS_INLINE __m256i raw_block_v(kvs_dtype wt, const char *row, int b)
         const __m256i hb = quarter < 2 ? _mm256_sll_epi16(qh, _mm_cvtsi32_si128(4 - 2 * quarter))
                                        : _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * quarter - 4));
         return _mm256_or_si256(low, _mm256_and_si256(hb, _mm256_set1_epi8(0x30)));
+    }
+    case KVS_Q4_1: case KVS_Q5_0: case KVS_Q5_1: {
+        const char *k = row + (size_t)b * sb_bytes(wt);
+        const __m128i q = _mm_loadu_si128((const __m128i *)(k + b32_qs_off(wt)));
+        const __m256i nib = _mm256_and_si256(
+            _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1), m4);
+        if (wt == KVS_Q4_1)
+            return nib;
+        uint32_t qh;
+        memcpy(&qh, k + b32_qh_off(wt), 4);
+        return _mm256_mask_add_epi8(nib, _cvtu32_mask32(qh), nib, _mm256_set1_epi8(0x10));
     }
     default: {
         const __m128i q = _mm_loadu_si128((const __m128i *)(row + (size_t)b * 18 + 2));
@@ -736,10 +838,16 @@ static void panel_consts(const kq_ctx *c, const char *const *rows, int ncg, int 
             _mm512_store_ps(t[j], _mm512_setzero_ps());
             continue;
         }
-        if (wt == KVS_IQ4_NL) {
-            for (int p = 0; p < 8; p++) /* d per block; blocks past the row's end are zero */
-                t[j][p] = 8 * sb + p < c->nb ? _cvtsh_ss(load_u16(rows[j] + (size_t)(8 * sb + p) * 18)) : 0.0f;
-            _mm256_store_ps(t[j] + 8, _mm256_setzero_ps());
+        if (b32_type(wt)) {
+            /* d (and Q4_1 / Q5_1 m) per block; blocks past the row's end are zero */
+            const size_t bs = sb_bytes(wt);
+            const int hm = b32_has_min(wt);
+            for (int p = 0; p < 8; p++) {
+                const int in = 8 * sb + p < c->nb;
+                const char *blk = rows[j] + (size_t)(8 * sb + p) * bs;
+                t[j][p] = in ? _cvtsh_ss(load_u16(blk)) : 0.0f;
+                t[j][8 + p] = in && hm ? _cvtsh_ss(load_u16(blk + 2)) : 0.0f;
+            }
             continue;
         }
         const char *blk = rows[j] + (size_t)sb * sb_bytes(wt);
@@ -758,7 +866,8 @@ static void panel_consts(const kq_ctx *c, const char *const *rows, int ncg, int 
 
 /* Packs columns [o0, o0 + nc) as pk[b][C][KQ_PACK]: 8 vectors (lane j: u bytes 4 k4 .. 4 k4 + 3
  * of block b of column j), then 16 fp32 c0 and 16 fp32 c1: Q4_K / Q5_K d sc, dmin m; Q6_K the d sc
- * of the two sub-blocks of 16; IQ4_NL d (c1 unused). Missing columns are zero. */
+ * of the two sub-blocks of 16; IQ4_NL, Q5_0 d (c1 unused); Q4_1 / Q5_1 d, m. Missing columns are
+ * zero. */
 static void pack_panel(const kq_ctx *c, int o0, int nc, int C, char *pk)
 {
     const kvs_dtype wt = c->wt;
@@ -809,10 +918,12 @@ KVS_INLINE void tile_kernel(int R, int C, kvs_dtype wt, const kq_ctx *c, int r, 
             __m512i iacc[KQ_R][KQ_C];
             KQ_UNROLL
             for (int i = 0; i < R; i++) {
-                /* the -32 / -128 sum(q) terms start the integer sums; Q4_K / Q5_K start at 0 */
-                const __m512i s = wt == KVS_Q6_K     ? _mm512_set1_epi32(xi[(size_t)2 * i * nbp + 2 * b + h])
-                                  : wt == KVS_IQ4_NL ? _mm512_set1_epi32(xi[(size_t)2 * i * nbp + b])
-                                                     : _mm512_setzero_si512();
+                /* the -32 / -128 / -16 sum(q) terms start the integer sums; the types with a min
+                 * term start at 0 */
+                const __m512i s = wt == KVS_Q6_K ? _mm512_set1_epi32(xi[(size_t)2 * i * nbp + 2 * b + h])
+                                  : wt == KVS_IQ4_NL || wt == KVS_Q5_0
+                                      ? _mm512_set1_epi32(xi[(size_t)2 * i * nbp + b])
+                                      : _mm512_setzero_si512();
                 KQ_UNROLL
                 for (int j = 0; j < C; j++)
                     iacc[i][j] = s;
@@ -844,10 +955,11 @@ KVS_INLINE void tile_kernel(int R, int C, kvs_dtype wt, const kq_ctx *c, int r, 
                 }
             }
         }
-        if (wt == KVS_Q4_K || wt == KVS_Q5_K) {
+        if (wt == KVS_Q4_K || wt == KVS_Q5_K || b32_has_min(wt)) {
             KQ_UNROLL
             for (int i = 0; i < R; i++) {
-                const __m512 xm = _mm512_set1_ps(xo[(size_t)2 * i * nbp + b]); /* -xd sum(q) */
+                /* Q4_K / Q5_K -xd sum(q) (c1 = dmin m_s), Q4_1 / Q5_1 xd sum(q) (c1 = m) */
+                const __m512 xm = _mm512_set1_ps(xo[(size_t)2 * i * nbp + b]);
                 KQ_UNROLL
                 for (int j = 0; j < C; j++)
                     facc[i][j] = _mm512_fmadd_ps(_mm512_load_ps((const float *)(pb + (size_t)j * KQ_PACK + 576)), xm,
@@ -881,13 +993,25 @@ DEF_TILE_T(KVS_Q4_K, q4k)
 DEF_TILE_T(KVS_Q5_K, q5k)
 DEF_TILE_T(KVS_Q6_K, q6k)
 DEF_TILE_T(KVS_IQ4_NL, iq4)
-/* [type: Q4_K, Q5_K, Q6_K, IQ4_NL][C - 1][R - 1] */
-static const tile_fn tile_table[4][KQ_C][KQ_R] = {TILE_TABLE(q4k), TILE_TABLE(q5k), TILE_TABLE(q6k),
-                                                   TILE_TABLE(iq4)};
+DEF_TILE_T(KVS_Q4_1, q41)
+DEF_TILE_T(KVS_Q5_0, q50)
+DEF_TILE_T(KVS_Q5_1, q51)
+/* [type: Q4_K, Q5_K, Q6_K, IQ4_NL, Q4_1, Q5_0, Q5_1][C - 1][R - 1] */
+static const tile_fn tile_table[7][KQ_C][KQ_R] = {TILE_TABLE(q4k), TILE_TABLE(q5k), TILE_TABLE(q6k),
+                                                   TILE_TABLE(iq4), TILE_TABLE(q41), TILE_TABLE(q50),
+                                                   TILE_TABLE(q51)};
 
 static int type_index(kvs_dtype wt)
 {
-    return wt == KVS_Q4_K ? 0 : wt == KVS_Q5_K ? 1 : wt == KVS_Q6_K ? 2 : 3;
+    switch ((int)wt) {
+    case KVS_Q4_K: return 0;
+    case KVS_Q5_K: return 1;
+    case KVS_Q6_K: return 2;
+    case KVS_Q4_1: return 4;
+    case KVS_Q5_0: return 5;
+    case KVS_Q5_1: return 6;
+    }
+    return 3;
 }
 
 static size_t tile_scratch_bytes(int nb) { return align64((size_t)nb * KQ_C * KQ_PACK); }

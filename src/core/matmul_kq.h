@@ -1,5 +1,5 @@
-/* Internal API of matmul_kq.c: matrix products for Q4_K, Q5_K, Q6_K and IQ4_NL weights with the
- * activations quantised to 8 bits (blocks of 32), multiplied as integers. kvs_matmul (kernels.h)
+/* Internal API of matmul_kq.c: matrix products for Q4_K, Q5_K, Q6_K, IQ4_NL, Q4_1, Q5_0 and Q5_1
+ * weights with the activations quantised to 8 bits (blocks of 32), multiplied as integers. kvs_matmul (kernels.h)
  * dispatches here for these types. */
 #ifndef KVS_MATMUL_KQ_H
 #define KVS_MATMUL_KQ_H
@@ -8,8 +8,8 @@
 #include "kvslim.h"
 #include "threadpool.h"
 
-/* 1 for the weight types kvs_matmul_kq multiplies (Q4_K, Q5_K, Q6_K, IQ4_NL), else 0 (any value
- * may be passed). */
+/* 1 for the weight types kvs_matmul_kq multiplies (Q4_K, Q5_K, Q6_K, IQ4_NL, Q4_1, Q5_0, Q5_1),
+ * else 0 (any value may be passed). */
 int kvs_kq_type(kvs_dtype t);
 
 /* y[r][o] = x[r] . W[o] with x quantised per block of 32 (the arithmetic of kvs_matmul_kq_ref).
@@ -23,11 +23,14 @@ kvs_status kvs_matmul_kq(kvs_pool *pool, float *y, const float *x, const void *w
  * allocation; does nothing for other types):
  *  - x is quantised per block b of 32 elements: xd_b = amax / 127 (fp32), id = xd_b != 0 ?
  *    1 / xd_b : 0, q_i = rintf(x_i * id).
- *  - for each weight sub-block s (32 elements for Q4_K / Q5_K / IQ4_NL, 16 for Q6_K) with raw
- *    unsigned quants u_i, inside x block b: isum = sum u_i q_i, xs = sum q_i, and
- *      Q4_K, Q5_K: y += (d sc_s) xd_b isum - (dmin m_s) xd_b xs
- *      Q6_K:       y += (d sc_s) xd_b (isum - 32 xs)
- *      IQ4_NL:     y += d xd_b sum kvalue(u_i) q_i
+ *  - for each weight sub-block s (32 elements for Q4_K / Q5_K and the blocks of IQ4_NL / Q4_1 /
+ *    Q5_0 / Q5_1, 16 for Q6_K) with raw unsigned quants u_i, inside x block b:
+ *    isum = sum u_i q_i, xs = sum q_i, and
+ *      Q4_K, Q5_K:  y += (d sc_s) xd_b isum - (dmin m_s) xd_b xs
+ *      Q6_K:        y += (d sc_s) xd_b (isum - 32 xs)
+ *      IQ4_NL:      y += d xd_b sum kvalue(u_i) q_i
+ *      Q4_1, Q5_1:  y += d xd_b isum + m xd_b xs
+ *      Q5_0:        y += d xd_b (isum - 16 xs)
  *  - fp32 accumulation (the fast paths sum in another order). */
 void kvs_matmul_kq_ref(float *y, const float *x, const void *w, kvs_dtype wt, int n_rows,
                        int n_in, int n_out);
