@@ -150,9 +150,10 @@ typedef struct kvs_session_params {
     int allow_ctx_beyond_trained;
     /* 1: multiply quantised weights with fp32 activations (the weights dequantised block by
      * block), as llama.cpp does on a copy of the file dequantised to F32: logits within fp32
-     * rounding of that reference. 0 (default): Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_NL weights use
-     * integer kernels on activations quantised to 8-bit blocks of 32, as llama.cpp's CPU
-     * kernels do (its numerics class), several times faster; other types are always exact. */
+     * rounding of that reference. 0 (default): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K
+     * and IQ4_NL weights use integer kernels on activations quantised to 8-bit blocks of 32, as
+     * llama.cpp's CPU kernels do (its numerics class), several times faster; the others (F32,
+     * F16, BF16, Q2_K, Q3_K) are always exact. */
     int exact_matmul;
 } kvs_session_params;
 

@@ -186,8 +186,8 @@ static const flag_def flags[] = {
      0, 0, NULL,
      "multiply quantised weights with fp32 activations (llama.cpp's\n"
      "numbers on the file dequantised to F32; slower); default: 8-bit\n"
-     "activations for q8_0, q4_0, q4_K, q5_K, q6_K and iq4_nl weights,\n"
-     "as llama.cpp's CPU kernels"},
+     "activations for the block types but q2_K and q3_K, as llama.cpp's\n"
+     "CPU kernels"},
     {FL_JSON, NULL, "--json", K_STRING, "OUT", CMD_EVAL, 0, 0, 0, NULL,
      "results as a JSON array of objects (rewritten as each run ends)"},
     {FL_JSON, NULL, "--json", K_STRING, "OUT", CMD_LAYERSIM, 0, 0, 0, NULL,
