@@ -3,7 +3,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all deps build test demo asan tsan bench clean
+.PHONY: all deps build test demo asan tsan coverage bench clean
 
 all: build
 
@@ -36,8 +36,17 @@ tsan: deps
 	cd $(BUILD)-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure \
 	  -R '^(test_pqcache|test_threadpool|test_pq_tier)$$'
 
+# Line, function and branch coverage of src/ by the whole ctest suite (gcov + lcov), with a
+# per-directory table and the kvs_fail( error paths no test reaches (scripts/coverage.sh).
+# HTML report: $(BUILD)-coverage/coverage-html/index.html.
+coverage: deps
+	@bash scripts/quiet.sh "configure" $(BUILD)-coverage/build.log \
+	  cmake -S . -B $(BUILD)-coverage -DCMAKE_BUILD_TYPE=Debug -DKVS_COVERAGE=ON
+	@bash scripts/quiet.sh "build" $(BUILD)-coverage/build.log cmake --build $(BUILD)-coverage -j $(JOBS)
+	bash scripts/coverage.sh $(BUILD)-coverage $(JOBS)
+
 bench: build
 	bash bench/run_engine_bench.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(BUILD)-coverage

@@ -11,7 +11,8 @@ MODEL=$MODELS/gguf/stories260K-f32.gguf
 PROMPT="Once upon a time"
 SPEC=streaming:slots=24
 # A sanitized library needs the sanitizer runtime in its programs: kvslim.pc and the CMake
-# targets carry -fsanitize=address,undefined in that build (see CMakeLists.txt).
+# targets carry -fsanitize=address,undefined in that build (see CMakeLists.txt); likewise
+# --coverage in the gcov build (make coverage).
 
 if cmake --install "$KVS_BUILD_DIR" --prefix "$PREFIX" >"$TMP/install.log" 2>&1; then
   pass "cmake --install into $PREFIX"
