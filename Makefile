@@ -3,7 +3,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all deps build test demo asan tsan bench clean
+.PHONY: all deps build test demo asan tsan fuzz bench clean
 
 all: build
 
@@ -36,8 +36,14 @@ tsan: deps
 	cd $(BUILD)-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure \
 	  -R '^(test_pqcache|test_threadpool|test_pq_tier)$$'
 
+# libFuzzer harnesses (fuzz/, clang): build them in $(BUILD)-fuzz and run each for FUZZ_SECONDS
+# (default 10) on a copy of its seed corpus; a crash fails and leaves its input there.
+FUZZ_SECONDS ?= 10
+fuzz: deps
+	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_BUILD=$(BUILD)-fuzz JOBS=$(JOBS) bash scripts/fuzz.sh
+
 bench: build
 	bash bench/run_engine_bench.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(BUILD)-fuzz

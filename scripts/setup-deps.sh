@@ -2,9 +2,9 @@
 # Installs the Debian packages kvslim needs to build, test and plot, if any is missing.
 set -euo pipefail
 # libmicrohttpd and cJSON: the server; chromium, curl: its tests (the page in a real browser,
-# raw HTTP); wrk: its load benchmark.
+# raw HTTP); wrk: its load benchmark; clang: the libFuzzer harnesses (make fuzz).
 packages=(build-essential cmake pkg-config libopenblas-dev gnuplot-nox jq libssl-dev
-  libmicrohttpd-dev libcjson-dev libpcre2-dev chromium curl wrk python3)
+  libmicrohttpd-dev libcjson-dev libpcre2-dev chromium curl wrk python3 clang)
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
