@@ -3,7 +3,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all deps build test demo asan tsan coverage bench clean
+.PHONY: all deps build test demo asan tsan coverage fuzz bench clean
 
 all: build
 
@@ -45,8 +45,14 @@ coverage: deps
 	@bash scripts/quiet.sh "build" $(BUILD)-coverage/build.log cmake --build $(BUILD)-coverage -j $(JOBS)
 	bash scripts/coverage.sh $(BUILD)-coverage $(JOBS)
 
+# libFuzzer harnesses (fuzz/, clang): build them in $(BUILD)-fuzz and run each for FUZZ_SECONDS
+# (default 10) on a copy of its seed corpus; a crash fails and leaves its input there.
+FUZZ_SECONDS ?= 10
+fuzz: deps
+	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_BUILD=$(BUILD)-fuzz JOBS=$(JOBS) bash scripts/fuzz.sh
+
 bench: build
 	bash bench/run_engine_bench.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(BUILD)-coverage
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(BUILD)-coverage $(BUILD)-fuzz

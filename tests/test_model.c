@@ -175,6 +175,10 @@ int main(void)
     defect d7 = {.block_count = LAYERS - 1};
     expect_load_error(path, &d7, "tensor 'blk.1.attn_norm.weight' belongs to block 1, but "
                                  "llama.block_count is 1");
+    /* A block count far beyond the file's tensors is refused before the per-layer buffers are
+     * allocated from it (fuzz/fuzz_gguf.c: a 22 KB file asked for 2.7 GB). */
+    defect d7b = {.block_count = 100000000};
+    expect_load_error(path, &d7b, "100000000 layers of width");
     defect d8 = {.extra_tensor = "blk.0.attn_q.bias"};
     expect_load_error(path, &d8, "tensor 'blk.0.attn_q.bias' is not one kvslim's llama loader "
                                  "uses");

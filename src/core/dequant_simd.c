@@ -23,10 +23,6 @@
  * there), without its branches, which cost as much as a 32-element block's unpacking. */
 KVS_INLINE float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
-/* Widening conversions of 8 bytes (the low 64 bits of v) to 8 floats. */
-KVS_INLINE __m256 u8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
-KVS_INLINE __m256 i8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
-
 #if KVS_AVX512
 /* With AVX-512: one 16-lane widening, conversion and store per 16 elements (the matrix kernels
  * read the span back with 64-byte loads, which a single 64-byte store forwards to). */
@@ -48,6 +44,11 @@ KVS_INLINE void emit16_mul_signed(float *y, __m128i q, float d)
     _mm512_storeu_ps(y, _mm512_mul_ps(_mm512_set1_ps(d), i8x16_ps(q)));
 }
 #else
+/* Widening conversions of 8 bytes (the low 64 bits of v) to 8 floats; only this branch uses
+ * them (clang warns about an unused static inline function in a .c file). */
+KVS_INLINE __m256 u8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
+KVS_INLINE __m256 i8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
+
 /* y[0..16) = (d * q) - m for 16 unsigned bytes q. */
 KVS_INLINE void emit16_mul_sub(float *y, __m128i q, float d, float m)
 {

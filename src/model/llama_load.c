@@ -2,6 +2,7 @@
  * qwen3 (llama.cpp's key and tensor names). */
 #include "model/llama.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -254,13 +255,29 @@ static kvs_status load_weights(struct kvs_model *m, const arch_spec *a, float ro
 {
     const kvs_gguf *g = m->gguf;
     const kvs_hparams *hp = &m->hp;
-    const int q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
     kvs_status st;
 
     /* fp32 copies of every vector stored in another type: the norms, the biases, the Q/K
-     * norms and the RoPE factors. */
-    const size_t per_layer = 2 * (size_t)hp->dim + (size_t)q_dim + 2 * (size_t)kv_dim +
-                             2 * (size_t)hp->head_dim;
+     * norms and the RoPE factors. They are sized from the metadata alone, before any tensor is
+     * checked, so a small file claiming huge sizes would ask for gigabytes (fuzz/fuzz_gguf.c
+     * found one: 22 KB asking for 2.7 GB). Every such vector is a tensor of the file, and the
+     * tensors of a valid file hold more elements than all of them together (each layer's
+     * matrices alone do), so a file whose tensors hold fewer is refused here. */
+    const uint64_t q_dim64 = (uint64_t)hp->n_heads * (uint64_t)hp->head_dim;
+    const uint64_t kv_dim64 = (uint64_t)hp->n_kv_heads * (uint64_t)hp->head_dim;
+    const uint64_t per_layer64 = 2 * (uint64_t)hp->dim + q_dim64 + 2 * kv_dim64 +
+                                 2 * (uint64_t)hp->head_dim;
+    uint64_t file_elems = 0;
+    for (uint64_t i = 0; i < kvs_gguf_n_tensors(g); i++)
+        file_elems += kvs_gguf_tensor_at(g, i)->n_elems;
+    if (q_dim64 > INT_MAX || kv_dim64 > INT_MAX ||
+        (uint64_t)hp->n_layers * per_layer64 + (uint64_t)hp->dim > 2 * file_elems)
+        return kvs_fail(err, KVS_ERR_FORMAT,
+                        "%d layers of width %d (%llu query dims) need more weights than the "
+                        "file's %llu tensor elements", hp->n_layers, hp->dim,
+                        (unsigned long long)q_dim64, (unsigned long long)file_elems);
+    const int q_dim = (int)q_dim64, kv_dim = (int)kv_dim64;
+    const size_t per_layer = (size_t)per_layer64;
     m->layers = calloc((size_t)hp->n_layers, sizeof *m->layers);
     m->norm_storage = malloc(sizeof(float) * ((size_t)hp->n_layers * per_layer +
                                               (size_t)hp->dim + (size_t)hp->rot_dim / 2));
