@@ -171,7 +171,7 @@ static void test_round_trip(void)
     int16_t i16 = -30000;
     int64_t i64 = -(INT64_C(1) << 62) - 3;
     double f64 = 2.718281828459045;
-    const char *strs[] = {"<unk>", "", "\xc3\xbc" "ber", "a b", "<s>"};
+    const char *strs[] = {"<unk>", "", "\xc3\xbc\x62\x65\x72", "a b", "<s>"}; /* "über" */
     float f32s[] = {1.5f, -2.0f, 0.25f, 1e30f};
     int32_t i32s[] = {-1, 0, 7, INT32_MAX};
     uint8_t bools[] = {1, 0, 1};

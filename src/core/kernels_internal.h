@@ -31,6 +31,33 @@
 #define KVS_AVX2 0
 #endif
 
+/* An unaligned little-endian 16-bit field of a weight block (an fp16 scale). */
+static inline uint16_t kvs_load_u16(const char *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+#if KVS_AVX2
+#include <immintrin.h>
+
+/* The fp16 scales of blocks 0..ng-1 (ng <= 8) at base, stride bytes apart, as fp32; zero
+ * beyond ng. Built with register inserts: going through a stack array made the vector reload
+ * miss store forwarding, and VPGATHERDD is slow on Zen 4. */
+static inline __attribute__((always_inline)) __m256 kvs_fp16x8_at(const char *base, size_t stride,
+                                                                  int ng)
+{
+    __m128i h = _mm_setzero_si128();
+#define KVS_INS(lane)                                                                           \
+    if ((lane) < ng)                                                                            \
+        h = _mm_insert_epi16(h, kvs_load_u16(base + (size_t)(lane) * stride), lane);
+    KVS_INS(0) KVS_INS(1) KVS_INS(2) KVS_INS(3) KVS_INS(4) KVS_INS(5) KVS_INS(6) KVS_INS(7)
+#undef KVS_INS
+    return _mm256_cvtph_ps(h);
+}
+#endif
+
 static inline uint32_t kvs_f32_bits(float f)
 {
     uint32_t u;

@@ -294,27 +294,6 @@ DEF_GEMV_FLOAT(gemv_bf16, KVS_BF16)
  * gathered scales ran Q8_0 at 30 GB/s and Q4_0 at 15 GB/s; this one at 42 and 25 GB/s (the
  * reduce tree saturated Zen 4's shuffle pipes, VPGATHERDD is slow, and reloading scales
  * through the stack missed store forwarding). */
-KVS_INLINE uint16_t load_u16(const char *p)
-{
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
-
-/* fp32 scales of blocks 0..ng-1 (ng <= 8) at base, stride bb; zero beyond ng. Built with
- * register inserts: going through a stack array made the vector reload miss store forwarding,
- * and VPGATHERDD is slow on Zen 4. */
-KVS_INLINE __m256 load_wscales8(const char *base, int bb, int ng)
-{
-    __m128i h = _mm_setzero_si128();
-#define KVS_INS(lane)                                                                           \
-    if ((lane) < ng)                                                                            \
-        h = _mm_insert_epi16(h, load_u16(base + (size_t)(lane) * bb), lane);
-    KVS_INS(0) KVS_INS(1) KVS_INS(2) KVS_INS(3) KVS_INS(4) KVS_INS(5) KVS_INS(6) KVS_INS(7)
-#undef KVS_INS
-    return _mm256_cvtph_ps(h);
-}
-
 /* A group of ng <= 8 blocks starting at block g, for NR x rows. */
 KVS_INLINE void gemv_q_group(int NR, kvs_dtype wt, const char *row, int g, int ng,
                              const int8_t *const *xq, const float *const *xd,
@@ -322,7 +301,7 @@ KVS_INLINE void gemv_q_group(int NR, kvs_dtype wt, const char *row, int g, int n
 {
     const int bb = wt == KVS_Q8_0 ? 34 : 18;
     const char *base = row + (size_t)g * bb;
-    const __m256 dw = load_wscales8(base, bb, ng);
+    const __m256 dw = kvs_fp16x8_at(base, (size_t)bb, ng);
     __m256 scv[4];
     KVS_UNROLL
     for (int r = 0; r < NR; r++)
@@ -682,7 +661,7 @@ static void pack_q_panel(const mm_ctx *c, int o0, int nc, int C, char *pk)
             }
 #define KVS_INS(v, lane, j)                                                                     \
     if ((j) < ncg)                                                                              \
-        v = _mm_insert_epi16(v, load_u16(rows[j] + (size_t)b * bb), lane);
+        v = _mm_insert_epi16(v, kvs_load_u16(rows[j] + (size_t)b * bb), lane);
             KVS_INS(h0, 0, 0) KVS_INS(h0, 1, 1) KVS_INS(h0, 2, 2) KVS_INS(h0, 3, 3)
             KVS_INS(h0, 4, 4) KVS_INS(h0, 5, 5) KVS_INS(h0, 6, 6) KVS_INS(h0, 7, 7)
             KVS_INS(h1, 0, 8) KVS_INS(h1, 1, 9) KVS_INS(h1, 2, 10) KVS_INS(h1, 3, 11)

@@ -122,12 +122,6 @@ static int b32_qh_off(kvs_dtype wt) { return wt == KVS_Q5_0 ? 2 : 4; } /* Q5_0 /
 /* ------------------------------------------------------------------------------------------ */
 /* Scalar block arithmetic (the reference, and the portable path)                             */
 
-static inline uint16_t load_u16(const char *p)
-{
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
 
 /* x block of 32 -> q, xd (amax / 127, q = rint(x / xd) through the reciprocal). */
 static void quant_block_scalar(const float *x, int8_t *q, float *xd)
@@ -241,9 +235,9 @@ static void block_consts(kvs_dtype wt, const char *row, int b, float *ws, float 
     }
     case KVS_Q4_1: case KVS_Q5_0: case KVS_Q5_1: {
         const char *k = row + (size_t)b * sb_bytes(wt);
-        ws[0] = kvs_fp16_to_fp32_scalar(load_u16(k));
+        ws[0] = kvs_fp16_to_fp32_scalar(kvs_load_u16(k));
         if (wt != KVS_Q5_0)
-            wm[0] = kvs_fp16_to_fp32_scalar(load_u16(k + 2));
+            wm[0] = kvs_fp16_to_fp32_scalar(kvs_load_u16(k + 2));
         break;
     }
     default:
@@ -531,7 +525,7 @@ KVS_INLINE void k6_quants(const char *blk, __m512i *W)
 KVS_INLINE __m512 k6_consts(const char *blk)
 {
     const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192))));
-    return _mm512_mul_ps(sc, _mm512_set1_ps(_cvtsh_ss(load_u16(blk + 208))));
+    return _mm512_mul_ps(sc, _mm512_set1_ps(_cvtsh_ss(kvs_load_u16(blk + 208))));
 }
 
 /* Lane-scale index vectors: Q4_K / Q5_K vector t holds blocks (0,2), (1,3), (4,6), (5,7) on
@@ -581,19 +575,6 @@ KVS_INLINE void gemv_k_sb(int NR, kvs_dtype wt, const char *blk, int sb, const i
 
 /* ---- gemv, block-of-32 types: groups of up to 8 blocks, pairs of blocks per VPDPBUSD ---- */
 
-/* fp16 scales of blocks 0..ng-1 (ng <= 8) at base, stride bs bytes, zero beyond ng (register
- * inserts: a stack round trip misses store forwarding). */
-KVS_INLINE __m256 b32_scales8(const char *base, size_t bs, int ng)
-{
-    __m128i h = _mm_setzero_si128();
-#define KQ_INS(lane)                                                                            \
-    if ((lane) < ng)                                                                            \
-        h = _mm_insert_epi16(h, load_u16(base + (size_t)(lane) * bs), lane);
-    KQ_INS(0) KQ_INS(1) KQ_INS(2) KQ_INS(3) KQ_INS(4) KQ_INS(5) KQ_INS(6) KQ_INS(7)
-#undef KQ_INS
-    return _mm256_cvtph_ps(h);
-}
-
 /* IQ4_NL: nibbles to kvalue + 128 with one VPSHUFB; Q4_1 / Q5_0 / Q5_1: the nibbles, Q5's bit 4
  * added under a byte mask made of the two blocks' qh; Q4_1 / Q5_1's m xd sum(q) terms: one
  * masked FMA of 8 lanes per group and x row. */
@@ -604,13 +585,13 @@ KVS_INLINE void gemv_b32_group(int NR, kvs_dtype wt, const char *row, int g, int
     const size_t bs = sb_bytes(wt);
     const int qso = b32_qs_off(wt);
     const char *base = row + (size_t)g * bs;
-    const __m256 dw = b32_scales8(base, bs, ng);
+    const __m256 dw = kvs_fp16x8_at(base, bs, ng);
     __m512 scv[4];
     KQ_UNROLL
     for (int r = 0; r < NR; r++)
         scv[r] = _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_loadu_ps(xd[r] + g)));
     if (b32_has_min(wt)) {
-        const __m512 mw = _mm512_castps256_ps512(b32_scales8(base + 2, bs, ng));
+        const __m512 mw = _mm512_castps256_ps512(kvs_fp16x8_at(base + 2, bs, ng));
         KQ_UNROLL
         for (int r = 0; r < NR; r++)
             acc[r][0] = _mm512_mask3_fmadd_ps(mw, _mm512_castps256_ps512(_mm256_loadu_ps(xo[r] + g)), acc[r][0],
@@ -845,8 +826,8 @@ static void panel_consts(const kq_ctx *c, const char *const *rows, int ncg, int 
             for (int p = 0; p < 8; p++) {
                 const int in = 8 * sb + p < c->nb;
                 const char *blk = rows[j] + (size_t)(8 * sb + p) * bs;
-                t[j][p] = in ? _cvtsh_ss(load_u16(blk)) : 0.0f;
-                t[j][8 + p] = in && hm ? _cvtsh_ss(load_u16(blk + 2)) : 0.0f;
+                t[j][p] = in ? _cvtsh_ss(kvs_load_u16(blk)) : 0.0f;
+                t[j][8 + p] = in && hm ? _cvtsh_ss(kvs_load_u16(blk + 2)) : 0.0f;
             }
             continue;
         }
