@@ -20,6 +20,20 @@ bash scripts/quiet.sh build "$BUILD/build.log" \
 declare -A max_len=([fuzz_gguf]=65536 [fuzz_kv_spec]=512 [fuzz_tokenize]=4096)
 declare -A extra=([fuzz_gguf]="-dict=fuzz/gguf.dict")
 
+# Seeds read from ../shared at run time (never copied into the repository): llama.cpp's
+# vocabulary test inputs for the tokenizers, the first 8 KiB of two vocabulary GGUFs (real
+# headers and metadata, cut off) for the GGUF reader.
+shared_seeds() {
+  local h=$1 work=$2 vocab=$KVS_SHARED_DIR/models/vocab
+  case $h in
+  fuzz_tokenize) cp -f "$vocab/ggml-vocab-gpt-2.gguf.inp" "$work/shared-vocab-tests.txt" ;;
+  fuzz_gguf)
+    for v in gpt-2 llama-spm; do
+      head -c 8192 "$vocab/ggml-vocab-$v.gguf" >"$work/shared-vocab-$v-head8k.gguf"
+    done ;;
+  esac
+}
+
 failed=()
 mkdir -p "$BUILD/artifacts"
 for src in fuzz/fuzz_*.c; do
@@ -28,6 +42,7 @@ for src in fuzz/fuzz_*.c; do
   mkdir -p "$work"
   # The seeds are copied in; inputs found by earlier runs stay, so coverage builds up.
   cp -f fuzz/corpus/"$h"/* "$work"/
+  shared_seeds "$h" "$work"
   log="$BUILD/$h.log"
   echo "fuzz: $h for ${SECONDS_EACH}s (log: $log)"
   # shellcheck disable=SC2086
