@@ -317,7 +317,8 @@ kvs_status kvs_matmul_deq(kvs_pool *pool, float *y, const float *x, const void *
                           int n_rows, int n_in, int n_out)
 {
     uint64_t row_bytes; /* n_in is whole blocks: kvs_matmul checked it */
-    if (!kvs_dequantize_fn(wt))
+    const kvs_dequant_fn deq = kvs_dequantize_fn(wt);
+    if (!deq)
         return KVS_ERR_UNSUPPORTED;
     if (kvs_dtype_bytes(wt, (uint64_t)n_in, &row_bytes) != 0)
         return KVS_ERR_ARG;
@@ -334,7 +335,7 @@ kvs_status kvs_matmul_deq(kvs_pool *pool, float *y, const float *x, const void *
     c.row_bytes = (size_t)row_bytes;
     c.bb = kvs_dtype_block_bytes(wt);
     c.be = (int)kvs_dtype_block_elems(wt);
-    c.deq = kvs_dequantize_fn(wt);
+    c.deq = deq;
     c.tile = n_rows > GEMV_MAX_ROWS;
     c.unit = c.tile ? PANEL : 4;
 
