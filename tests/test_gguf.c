@@ -592,6 +592,38 @@ static void test_real_models(void)
     }
 }
 
+/* kvs_gguf_open_mem on the bytes of the real file: the same keys, tensors and offsets as the
+ * file route, data pointers into the caller's buffer, the name in messages, and an empty or cut
+ * buffer refused like the file. */
+static void test_open_mem(const img *m)
+{
+    char path[512];
+    kvs_error err;
+    kvs_gguf *f = NULL, *g = NULL;
+    check_shared_path(path, sizeof path, "models/gguf/stories260K-f32.gguf");
+    CHECKF(kvs_gguf_open(path, &f, &err) == KVS_OK, "%s", err.msg);
+    CHECKF(kvs_gguf_open_mem("in-memory", m->b, m->n, &g, &err) == KVS_OK, "%s", err.msg);
+    if (f && g) {
+        CHECK(kvs_gguf_n_keys(g) == kvs_gguf_n_keys(f) && kvs_gguf_n_tensors(g) == 48);
+        CHECK(kvs_gguf_data_offset(g) == kvs_gguf_data_offset(f));
+        for (uint64_t i = 0; i < kvs_gguf_n_tensors(g); i++) {
+            const kvs_gguf_tensor *a = kvs_gguf_tensor_at(f, i), *b = kvs_gguf_tensor_at(g, i);
+            CHECKF(strcmp(a->name, b->name) == 0 && a->n_bytes == b->n_bytes &&
+                       (const uint8_t *)b->data >= m->b &&
+                       (const uint8_t *)b->data + b->n_bytes <= m->b + m->n &&
+                       memcmp(a->data, b->data, a->n_bytes) == 0,
+                   "tensor %llu", (unsigned long long)i);
+        }
+    }
+    kvs_gguf_close(f);
+    kvs_gguf_close(g);
+    g = NULL;
+    CHECK(kvs_gguf_open_mem("empty-buffer", m->b, 0, &g, &err) == KVS_ERR_FORMAT && !g &&
+          strstr(err.msg, "empty-buffer"));
+    CHECK(kvs_gguf_open_mem("cut-buffer", m->b, m->n - 1, &g, &err) == KVS_ERR_FORMAT && !g &&
+          strstr(err.msg, "cut-buffer"));
+}
+
 /* ---- corruption of the real f32 file ---- */
 
 static void test_truncations(const img *m, const layout *L)
@@ -768,6 +800,7 @@ int main(void)
     CHECK(ok);
     if (ok) {
         CHECK(L.end == 14152);
+        test_open_mem(&m);
         test_header_corruptions(&m, &L);
         test_truncations(&m, &L);
         test_fuzz(&m, &L);

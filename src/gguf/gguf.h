@@ -62,6 +62,12 @@ typedef struct kvs_gguf kvs_gguf;
  * tensor data must lie inside the file and not overlap. Errors name the path and the key or
  * tensor at fault. */
 kvs_status kvs_gguf_open(const char *path, kvs_gguf **out, kvs_error *err);
+/* The same parse of a file already in memory (the fuzzers' route: no file, no mmap). The
+ * buffer is borrowed: it must outlive the handle and anything made from it; name stands in
+ * for the path in messages. Tensor data is aligned relative to the buffer's start, so only as
+ * well as the buffer itself is. */
+kvs_status kvs_gguf_open_mem(const char *name, const void *data, uint64_t size, kvs_gguf **out,
+                             kvs_error *err);
 void kvs_gguf_close(kvs_gguf *g);
 
 uint32_t kvs_gguf_version(const kvs_gguf *g);

@@ -40,6 +40,7 @@ struct kvs_gguf {
     char *path;
     const uint8_t *map;
     uint64_t size;
+    int borrowed; /* map is the caller's buffer (kvs_gguf_open_mem), not an mmap of ours */
     uint32_t version, alignment;
     uint64_t data_start;
     uint64_t n_kv, n_tensors;
@@ -581,6 +582,20 @@ static kvs_status parse_tensors(parser *p)
     return st;
 }
 
+/* Parses the mapped bytes of g; on success *out = g, on failure g is closed. */
+static kvs_status parse_all(kvs_gguf *g, kvs_gguf **out, kvs_error *err)
+{
+    parser p = {.g = g, .err = err};
+    kvs_status st;
+    if ((st = parse_header(&p)) != KVS_OK || (st = parse_kvs(&p)) != KVS_OK ||
+        (st = parse_tensors(&p)) != KVS_OK) {
+        kvs_gguf_close(g);
+        return st;
+    }
+    *out = g;
+    return KVS_OK;
+}
+
 kvs_status kvs_gguf_open(const char *path, kvs_gguf **out, kvs_error *err)
 {
     *out = NULL;
@@ -613,24 +628,31 @@ kvs_status kvs_gguf_open(const char *path, kvs_gguf **out, kvs_error *err)
             g->map = m, g->size = (uint64_t)sb.st_size;
     }
     close(fd);
-    if (st == KVS_OK) {
-        parser p = {.g = g, .err = err};
-        if ((st = parse_header(&p)) == KVS_OK && (st = parse_kvs(&p)) == KVS_OK)
-            st = parse_tensors(&p);
+    return st == KVS_OK ? parse_all(g, out, err) : (kvs_gguf_close(g), st);
+}
+
+kvs_status kvs_gguf_open_mem(const char *name, const void *data, uint64_t size, kvs_gguf **out,
+                             kvs_error *err)
+{
+    *out = NULL;
+    kvs_gguf *g = calloc(1, sizeof *g);
+    if (!g || !(g->path = copy_str(name, strlen(name)))) {
+        free(g);
+        return kvs_fail(err, KVS_ERR_NOMEM, "%s: out of memory", name);
     }
-    if (st != KVS_OK) {
+    g->map = data, g->size = size, g->borrowed = 1;
+    if (size == 0) {
         kvs_gguf_close(g);
-        return st;
+        return kvs_fail(err, KVS_ERR_FORMAT, "%s: truncated header (the buffer is empty)", name);
     }
-    *out = g;
-    return KVS_OK;
+    return parse_all(g, out, err);
 }
 
 void kvs_gguf_close(kvs_gguf *g)
 {
     if (!g)
         return;
-    if (g->map)
+    if (g->map && !g->borrowed)
         munmap((void *)g->map, (size_t)g->size);
     if (g->kv)
         for (uint64_t i = 0; i < g->n_kv; i++) {
