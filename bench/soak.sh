@@ -12,7 +12,7 @@
 # Environment: N (100000 tokens), KV (space-separated --kv specs; default
 #   "streaming:slots=512 h2o:slots=512 hashevict:slots=512": a window and two policies that
 #   evict one slot per token), SHAPE (synthetic model, default below; ctx 2048, so 100k tokens
-#   are ~50 contexts), THREADS (1), SAMPLE_S (1), RSS_BOUND_MIB (4), TPS_MIN_RATIO (0.85).
+#   are ~50 contexts), THREADS (1), SAMPLE_S (1), RSS_BOUND_MIB (4), TPS_MIN_RATIO (0.8).
 #
 # Bounds (the exit status is 1 if a policy breaks one):
 # - RSS: max RSS over the run - RSS at 10% <= RSS_BOUND_MIB (4 MiB). By 10% the KV cache has
@@ -20,11 +20,17 @@
 #   later growth is a leak or an unbounded buffer (token history, output text, sampler state);
 #   4 MiB over the last 90k tokens catches anything of ~47 bytes per token or more, and is well
 #   above the allocator's page-level noise (tens of KiB).
-# - speed: tok/s per CPU second of the last 10% window / of the first >= TPS_MIN_RATIO (0.85).
-#   A per-token cost that grows with the tokens generated (a scan of the history, positions
-#   that keep growing) shows as a steady fall; CPU time rather than wall time, because the
-#   machine may be shared and wall-clock tok/s then moves with other processes' load (the wall
-#   tok/s are in the table and the JSON too). 15% leaves room for cache and frequency noise.
+# - speed: on the least-squares line through the ten windows' tok/s per CPU second, its value at
+#   100% / its value at 10% >= TPS_MIN_RATIO (0.8). A per-token cost that grows with the tokens
+#   generated (a scan of the history, positions that keep growing) shows as a steady fall.
+#   CPU time rather than wall time, because the machine may be shared and wall-clock tok/s
+#   then move with other processes' load; and the fitted line rather than the last and first
+#   windows alone (their ratios, per CPU second and wall, are printed and in the JSON too),
+#   because on a shared machine single windows still vary per CPU second (standard deviation
+#   5-7% within a run: other processes' use of the caches and of the core's other hardware
+#   thread): one run's raw last/first ratio was 0.82 with windows that show no trend. Over six
+#   such 100k runs the fitted ratio was 0.93-1.19; 0.8 stays clear of that and still fails a
+#   cost per token that grows by a quarter over the run.
 #
 # Output: the tables and verdicts on stdout, BUILD_DIR/bench/soak/soak.json (one object per
 # policy: the rows, RSS and speed figures, pass/fail) and per-policy logs beside it.
@@ -42,7 +48,7 @@ n=${N:-100000}
 kvs=${KV:-"streaming:slots=512 h2o:slots=512 hashevict:slots=512"}
 shape=${SHAPE:-dim=128,hidden=256,layers=4,heads=4,kv_heads=4,vocab=512,ctx=2048}
 threads=${THREADS:-1} sample_s=${SAMPLE_S:-1}
-rss_bound=${RSS_BOUND_MIB:-4} tps_min=${TPS_MIN_RATIO:-0.85}
+rss_bound=${RSS_BOUND_MIB:-4} tps_min=${TPS_MIN_RATIO:-0.8}
 [ "$n" -ge 100 ] || { echo "soak.sh: N must be at least 100" >&2; exit 2; }
 progress=$((n / 1000 > 0 ? n / 1000 : 1))
 out=$build/bench/soak
@@ -53,7 +59,7 @@ clk_tck=$(getconf CLK_TCK)
 
 echo "synthetic $shape, $n tokens generated after a short prompt,"
 echo "--context-shift --ignore-eos, $threads thread(s), F16 KV; RSS sampled every ${sample_s}s; bounds: RSS growth after 10%"
-echo "<= $rss_bound MiB, last/first window tok/s per CPU second >= $tps_min"
+echo "<= $rss_bound MiB, tok/s per CPU second on the fitted line at 100% / at 10% >= $tps_min"
 status=0
 results=()
 for spec in $kvs; do
@@ -110,14 +116,22 @@ after10 = [s[2] / 1024 for s in smp if s[1] >= rows[0]["tokens"]]
 growth = max(after10, default=rss10) - rss10
 ratio = lambda key: (rows[-1][key] / rows[0][key]) if rows[-1][key] and rows[0][key] else None
 r_cpu, r_wall = ratio("tok_s_cpu"), ratio("tok_s")
-ok_rss, ok_tps = growth <= bound, r_cpu is not None and r_cpu >= tmin
+pts = [(k + 1, r["tok_s_cpu"]) for k, r in enumerate(rows) if r["tok_s_cpu"]]
+r_fit = None
+if len(pts) >= 3:
+    mx, my = sum(p[0] for p in pts) / len(pts), sum(p[1] for p in pts) / len(pts)
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+    at1, at10 = my + slope * (1 - mx), my + slope * (10 - mx)
+    r_fit = at10 / at1 if at1 > 0 else None
+ok_rss, ok_tps = growth <= bound, r_fit is not None and r_fit >= tmin
 print(f"verdict: RSS max after 10% - RSS at 10% = {growth:+.2f} MiB (bound {bound:g}): "
-      f"{'ok' if ok_rss else 'GROWS'}; tok/s last/first window per CPU s {f(r_cpu, 3)} "
-      f"(min {tmin:g}), wall {f(r_wall, 3)}: {'ok' if ok_tps else 'DEGRADES'}")
+      f"{'ok' if ok_rss else 'GROWS'}; tok/s per CPU s, fitted 100%/10% {f(r_fit, 3)} "
+      f"(min {tmin:g}): {'ok' if ok_tps else 'DEGRADES'}; last/first window per CPU s "
+      f"{f(r_cpu, 3)}, wall {f(r_wall, 3)}")
 print(f"kvslim: {stats}")
 json.dump({"kv": spec, "tokens": n, "rows": rows, "samples": len(smp),
            "rss_growth_mib": growth, "rss_bound_mib": bound, "tok_s_ratio_cpu": r_cpu,
-           "tok_s_ratio_wall": r_wall, "tok_s_min_ratio": tmin, "rss_ok": ok_rss,
+           "tok_s_ratio_wall": r_wall, "tok_s_ratio_cpu_fitted": r_fit, "tok_s_min_ratio": tmin, "rss_ok": ok_rss,
            "tok_s_ok": ok_tps, "stats": stats}, open(res, "w"), indent=1)
 sys.exit(0 if ok_rss and ok_tps else 1)
 PY
