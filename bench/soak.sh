@@ -130,9 +130,11 @@ if len(pts) >= 3:
     at1, at10 = my + slope * (1 - mx), my + slope * (10 - mx)
     r_fit = at10 / at1 if at1 > 0 else None
 ok_rss, ok_tps = growth <= bound, r_fit is not None and r_fit >= tmin
+short = "not measured: fewer than 3 windows hold a CPU sample (raise N or lower SAMPLE_S)"
 print(f"verdict: RSS max after 10% - RSS at 10% = {growth:+.2f} MiB (bound {bound:g}): "
       f"{'ok' if ok_rss else 'GROWS'}; tok/s per CPU s, fitted 100%/10% {f(r_fit, 3)} "
-      f"(min {tmin:g}): {'ok' if ok_tps else 'DEGRADES'}; last/first window per CPU s "
+      f"(min {tmin:g}): {'ok' if ok_tps else 'DEGRADES' if r_fit is not None else short}; "
+      f"last/first window per CPU s "
       f"{f(r_cpu, 3)}, wall {f(r_wall, 3)}")
 print(f"kvslim: {stats}")
 json.dump({"kv": spec, "tokens": n, "rows": rows, "samples": len(smp),
