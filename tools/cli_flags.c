@@ -180,6 +180,10 @@ static const flag_def flags[] = {
     {FL_IGNORE_EOS, NULL, "--ignore-eos", K_NONE, NULL, CMD_RUN, 0, 0, 0, NULL,
      "do not stop at an end-of-text (EOS or BOS) token: feed it back and go on\n"
      "(stories260K then starts a new story), shown as a line break"},
+    {FL_PROGRESS, NULL, "--progress", K_INT, "N", CMD_RUN, 1, 1 << 30, 0, NULL,
+     "every N generated tokens, one line on stderr: tokens generated,\n"
+     "seconds since decoding began, decode tok/s since the previous line\n"
+     "(long runs, e.g. bench/soak.sh; not with --chat)"},
     {FL_CHUNK, NULL, "--chunk", K_INT, "N", SESSION, 1, 1 << 20, 0, NULL,
      "prompt tokens per forward batch (default 512)"},
     {FL_EXACT_MATMUL, NULL, "--exact-matmul", K_NONE, NULL, (SESSION & ~CMD_EVAL) | CMD_SERVE, 0,

@@ -46,6 +46,7 @@ typedef enum cli_flag_id {
     FL_CTX,
     FL_CONTEXT_SHIFT,
     FL_IGNORE_EOS,
+    FL_PROGRESS,
     FL_CHUNK,
     FL_KV,
     FL_KV_TYPE,

@@ -47,6 +47,10 @@ static int run(const cli_args *a)
                   a->given[FL_SYSTEM] ? "--system" : "--chat-template");
         return CLI_USAGE;
     }
+    if (chat && a->given[FL_PROGRESS]) {
+        cli_error(cmd, "--progress is not taken with --chat (see --help)");
+        return CLI_USAGE;
+    }
     if (chat ? !model_path || (text && file) : !model_path || (!text == !file)) {
         cli_error(cmd, chat ? "--chat needs -m MODEL and at most one of -p TEXT or -f FILE (see "
                               "--help)"
@@ -65,6 +69,7 @@ static int run(const cli_args *a)
     params.context_shift = a->given[FL_CONTEXT_SHIFT] > 0;
     params.allow_ctx_beyond_trained = 1; /* -c asked for it; the session sends a notice */
     const int ignore_eos = a->given[FL_IGNORE_EOS] > 0;
+    const int progress = cli_get_int(a, FL_PROGRESS, 0);
 
     char *owned = NULL;
     if (file && !(text = owned = cli_read_file(cmd, file, NULL)))
@@ -111,6 +116,7 @@ static int run(const cli_args *a)
     int ctx = n_ctx ? n_ctx : info.n_ctx;
     int prev = prompt[n_prompt - 1], ctx_left = kvs_session_ctx_left(s), stop_token = 0;
     t0 = cli_now();
+    double t_last = t0;
     for (; n_gen < n_predict && n_gen < ctx_left; n_gen++) {
         int32_t tok = kvs_sampler_sample(sampler, logits);
         int end = tok == kvs_token_eos(m) || tok == kvs_token_bos(m);
@@ -130,6 +136,12 @@ static int run(const cli_args *a)
             fputc('\n', stdout); /* the error goes on a line of its own */
             fflush(stdout);
             goto fail;
+        }
+        if (progress && (n_gen + 1) % progress == 0) {
+            double now = cli_now();
+            fprintf(stderr, "kvslim run: progress: generated %d tokens, %.3f s, %.1f tok/s\n",
+                    n_gen + 1, now - t0, now > t_last ? progress / (now - t_last) : 0.0);
+            t_last = now;
         }
     }
     double t_decode = cli_now() - t0;

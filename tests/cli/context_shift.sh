@@ -35,6 +35,15 @@ tail -c 600 "$TMP/out" | grep -Eq '(\b[A-Za-z]+\b[ ,.]+){20}' && pass "shifted t
   && ! grep -q 'context' "$TMP/err" && pass "3000 tokens past the context: $(tail -n 1 "$TMP/err")" \
   || fail "--ignore-eos --context-shift -n 3000: $(head -c 300 "$TMP/err")"
 
+# --progress N: a line on stderr every N generated tokens, counting them (bench/soak.sh reads it).
+"$KVS_BIN" run -m "$model" -p "Once upon a time" -n 2500 --kv streaming:slots=64 --context-shift \
+  --ignore-eos --progress 1000 >/dev/null 2>"$TMP/err"
+[ "$(grep -c '^kvslim run: progress: generated [12]000 tokens, [0-9.]* s, [0-9.]* tok/s$' "$TMP/err")" = 2 ] \
+  && [ "$(grep -c progress "$TMP/err")" = 2 ] && pass "--progress 1000: $(grep progress "$TMP/err" | tail -n 1)" \
+  || fail "--progress 1000: $(head -c 300 "$TMP/err")"
+expect_fail "--progress with --chat" "not taken with --chat" \
+  "$KVS_BIN" run -m "$model" --chat --progress 10 -p hi
+
 expect_fail "full cache, long prompt" "exceeds the context" \
   "$KVS_BIN" run -m "$model" -f "$TMP/long.txt" -n 4
 expect_fail "snapkv, long prompt" "exceeds the context" \
