@@ -75,7 +75,7 @@ typedef struct kvs_gguf_tensor {
 typedef struct kvs_gguf kvs_gguf;
 
 /* Maps and validates the whole file: every count, length, offset and size is checked against
- * the file size with overflow-safe arithmetic; tensor types must be ones kvs_dtype_valid accepts;
+ * the file size with overflow-safe arithmetic, and the counts against the limits above; tensor types must be ones kvs_dtype_valid accepts;
  * tensor data must lie inside the file and not overlap. Errors name the path and the key or
  * tensor at fault. */
 kvs_status kvs_gguf_open(const char *path, kvs_gguf **out, kvs_error *err);

@@ -3,7 +3,8 @@
  * Decisions: versions 2 and 3 are accepted (same layout), version 1 and later versions are
  * rejected; nested arrays are validated (up to KVS_GGUF_MAX_NESTING levels) but their elements
  * are not exposed; key and tensor names must be valid UTF-8 without NUL bytes; string values
- * are not checked for UTF-8. */
+ * are not checked for UTF-8; key, tensor and array-element counts beyond the limits of gguf.h
+ * (KVS_GGUF_MAX_*) are refused even when the file is large enough to hold them. */
 #include "gguf/gguf.h"
 
 #include <errno.h>
