@@ -213,6 +213,13 @@ int main(void)
     expect_load_error(path, &d9, "tensor 'blk.7.ffn_up.weight' belongs to block 7");
     defect d10 = {.extra_tensor = "output_norm.bias"};
     expect_load_error(path, &d10, "tensor 'output_norm.bias' is not one");
+    {   /* a synthetic shape whose weight count would overflow size_t is refused up front */
+        kvs_hparams hp = {.dim = 1 << 30, .hidden = 1 << 30, .n_layers = 1 << 30, .n_heads = 2,
+                          .n_kv_heads = 2, .vocab = 1 << 30, .ctx = 1};
+        kvs_status st = kvs_synthetic_write(&hp, KVS_WTYPE(KVS_F32), 1, path, NULL, &err);
+        CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "weights are more than this machine can "
+                                                    "address"), "%d %s", st, err.msg);
+    }
     remove(path);
     return check_summary("model");
 }
