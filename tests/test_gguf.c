@@ -53,10 +53,14 @@ static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 static uint32_t get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
+/* When larger than the image: the scratch file's size, extended sparsely with zero bytes. */
+static off_t sparse_size;
+
 /* Opens an image written to the scratch file; returns the status, err filled. */
 static kvs_status open_image(const uint8_t *b, size_t n, kvs_error *err)
 {
-    if (write_all(tmp_file, b, n) != 0) {
+    if (write_all(tmp_file, b, n) != 0 ||
+        (sparse_size > (off_t)n && truncate(tmp_file, sparse_size) != 0)) {
         fprintf(stderr, "cannot write %s\n", tmp_file);
         exit(2);
     }
@@ -733,6 +737,26 @@ static void test_header_corruptions(const img *m, const layout *L)
 }
 
 /* Random single-byte flips in the header region: any status is fine, but no crash or leak. */
+/* Counts the file size would allow, in sparse files whose zero bytes read as empty names,
+ * strings and arrays: kvslim's own limits (gguf.h) stop them before anything is allocated. */
+static void test_limits(const img *m, const layout *L)
+{
+    sparse_size = (off_t)1 << 30;
+    EXPECT_FAIL(m, 8, 8, KVS_GGUF_MAX_TENSORS + 1, KVS_ERR_UNSUPPORTED,
+                "tensor count 1048577 exceeds kvslim's limit of 1048576 tensors");
+    EXPECT_FAIL(m, 16, 8, KVS_GGUF_MAX_KEYS + 1, KVS_ERR_UNSUPPORTED,
+                "metadata count 1048577 exceeds kvslim's limit of 1048576 keys");
+    EXPECT_FAIL(m, L->kv_val[0] + 4, 8, KVS_GGUF_MAX_STRINGS + 1, KVS_ERR_UNSUPPORTED,
+                "metadata key #0 ('tokenizer.ggml.tokens'): array length 16777217 of string "
+                "elements exceeds kvslim's limit of 16777216");
+    /* key #1, tokenizer.ggml.scores: f32; 2^28 + 1 of them need just over 1 GiB */
+    sparse_size = ((off_t)1 << 30) + ((off_t)1 << 20);
+    EXPECT_FAIL(m, L->kv_val[1] + 4, 8, KVS_GGUF_MAX_ARRAY + 1, KVS_ERR_UNSUPPORTED,
+                "('tokenizer.ggml.scores'): array length 268435457 of f32 elements exceeds "
+                "kvslim's limit of 268435456");
+    sparse_size = 0;
+}
+
 static void test_fuzz(const img *m, const layout *L)
 {
     int fd = open(tmp_file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -803,6 +827,7 @@ int main(void)
         test_open_mem(&m);
         test_header_corruptions(&m, &L);
         test_truncations(&m, &L);
+        test_limits(&m, &L);
         test_fuzz(&m, &L);
     }
     free(m.b);

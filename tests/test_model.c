@@ -18,6 +18,7 @@ typedef struct defect {
     int heads_kv;              /* head_count_kv value */
     int block_count;           /* llama.block_count to write (0: LAYERS; tensors: LAYERS) */
     const char *extra_tensor;  /* one more (DIM-element) tensor of this name */
+    uint32_t ctx;              /* llama.context_length (0: CTX) */
 } defect;
 
 static float zeros[VOCAB * DIM + DIM * HIDDEN];
@@ -42,7 +43,7 @@ static kvs_status write_model(const char *path, const defect *d)
 {
     kvs_gguf_writer *w = kvs_gguf_writer_new();
     kvs_gguf_set_str(w, "general.architecture", d->arch ? d->arch : "llama");
-    set_u32(w, d, "llama.context_length", CTX);
+    set_u32(w, d, "llama.context_length", d->ctx ? d->ctx : CTX);
     set_u32(w, d, "llama.embedding_length", DIM);
     set_u32(w, d, "llama.feed_forward_length", HIDDEN);
     set_u32(w, d, "llama.block_count", d->block_count ? (uint32_t)d->block_count : LAYERS);
@@ -177,8 +178,34 @@ int main(void)
                                  "llama.block_count is 1");
     /* A block count far beyond the file's tensors is refused before the per-layer buffers are
      * allocated from it (fuzz/fuzz_gguf.c: a 22 KB file asked for 2.7 GB). */
-    defect d7b = {.block_count = 100000000};
-    expect_load_error(path, &d7b, "100000000 layers of width");
+    defect d7b = {.block_count = 65536};
+    expect_load_error(path, &d7b, "llama.block_count 65536 and embedding_length 32 (32 query "
+                                  "dims) need more weights than the file's");
+    /* Sizes beyond kvslim's limits (core/limits.h) are refused with the key and the limit. */
+    defect d7c = {.block_count = 100000000};
+    expect_load_error(path, &d7c, "metadata key 'llama.block_count' is 100000000; kvslim "
+                                  "supports at most 65536");
+    defect d7d = {.ctx = (1u << 24) + 1};
+    expect_load_error(path, &d7d, "metadata key 'llama.context_length' is 16777217; kvslim "
+                                  "supports at most 16777216");
+    defect d7e = {.ctx = UINT32_MAX};
+    expect_load_error(path, &d7e, "'llama.context_length' is 4294967295");
+    {   /* the limit itself loads, and a session on it allocates nothing from the context */
+        defect ok = {.ctx = 1u << 24};
+        CHECK(write_model(path, &ok) == KVS_OK);
+        kvs_model *big = NULL;
+        CHECKF(kvs_model_load(path, &big, &err) == KVS_OK, "%s", err.msg);
+        kvs_session_params p = kvs_session_default_params();
+        kvs_session *s = NULL;
+        CHECKF(big && kvs_session_new(big, &p, &s, &err) == KVS_OK, "%s", err.msg);
+        CHECK(s && kvs_session_ctx_left(s) == 1 << 24);
+        kvs_session_free(s);
+        p.n_ctx = (1 << 24) + 1;
+        p.allow_ctx_beyond_trained = 1;
+        CHECK(big && kvs_session_new(big, &p, &s, &err) == KVS_ERR_ARG && !s &&
+              strstr(err.msg, "context length 16777217 exceeds kvslim's limit of 16777216"));
+        kvs_model_free(big);
+    }
     defect d8 = {.extra_tensor = "blk.0.attn_q.bias"};
     expect_load_error(path, &d8, "tensor 'blk.0.attn_q.bias' is not one kvslim's llama loader "
                                  "uses");
@@ -186,6 +213,13 @@ int main(void)
     expect_load_error(path, &d9, "tensor 'blk.7.ffn_up.weight' belongs to block 7");
     defect d10 = {.extra_tensor = "output_norm.bias"};
     expect_load_error(path, &d10, "tensor 'output_norm.bias' is not one");
+    {   /* a synthetic shape whose weight count would overflow size_t is refused up front */
+        kvs_hparams hp = {.dim = 1 << 30, .hidden = 1 << 30, .n_layers = 1 << 30, .n_heads = 2,
+                          .n_kv_heads = 2, .vocab = 1 << 30, .ctx = 1};
+        kvs_status st = kvs_synthetic_write(&hp, KVS_WTYPE(KVS_F32), 1, path, NULL, &err);
+        CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "weights are more than this machine can "
+                                                    "address"), "%d %s", st, err.msg);
+    }
     remove(path);
     return check_summary("model");
 }

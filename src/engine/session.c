@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/kernels.h"
+#include "core/limits.h"
 #include "core/threadpool.h"
 #include "kv/kv.h"
 #include "model/forward.h"
@@ -225,6 +226,10 @@ kvs_status kvs_session_new(const kvs_model *m, const kvs_session_params *p, kvs_
                         "context length %d exceeds the model's trained context of %d tokens; set "
                         "allow_ctx_beyond_trained to use it anyway (quality degrades past %d)",
                         p->n_ctx, m->hp.ctx, m->hp.ctx);
+    /* The KV cache is sized from the context (an evicting one holds up to twice it). */
+    if (p->n_ctx > KVS_MAX_CTX)
+        return kvs_fail(err, KVS_ERR_ARG, "context length %d exceeds kvslim's limit of %d "
+                        "tokens", p->n_ctx, KVS_MAX_CTX);
     kvs_session *s = calloc(1, sizeof *s);
     if (!s)
         return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");

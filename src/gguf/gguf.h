@@ -30,6 +30,23 @@ typedef enum kvs_gguf_type {
 
 #define KVS_GGUF_MAX_NAME 65535 /* longest key or tensor name accepted, in bytes */
 
+/* Limits on the counts a file states, checked (after the checks against the file size) before
+ * anything is allocated from them or looped over. The file-size checks alone do not bound
+ * the work: a sparse file (or one on a compressing file system) can be terabytes long on paper
+ * while its zero bytes read as valid empty strings and arrays. Each limit is far beyond what
+ * any model file needs:
+ * - keys: llama.cpp's files have under 100; each key costs about 100 bytes of index.
+ * - tensors: the largest models have a few thousand (experts are stacked into one tensor per
+ *   layer); each costs about 100 bytes of index.
+ * - string array elements: vocabularies and merge lists have at most a few hundred thousand
+ *   entries; the reader keeps an 8-byte offset per element (at most 128 MiB).
+ * - other array elements: not copied, but checked one by one (bools, nested arrays), so the
+ *   limit bounds the time open takes. */
+#define KVS_GGUF_MAX_KEYS (1u << 20)
+#define KVS_GGUF_MAX_TENSORS (1u << 20)
+#define KVS_GGUF_MAX_STRINGS (1u << 24)
+#define KVS_GGUF_MAX_ARRAY (1u << 28)
+
 /* "u8", "string", "array", ...; "unknown" for an invalid id. */
 const char *kvs_gguf_type_name(uint32_t t);
 /* Bytes of one scalar of metadata type t; 0 for STRING, ARRAY and invalid ids. */
@@ -58,7 +75,7 @@ typedef struct kvs_gguf_tensor {
 typedef struct kvs_gguf kvs_gguf;
 
 /* Maps and validates the whole file: every count, length, offset and size is checked against
- * the file size with overflow-safe arithmetic; tensor types must be ones kvs_dtype_valid accepts;
+ * the file size with overflow-safe arithmetic, and the counts against the limits above; tensor types must be ones kvs_dtype_valid accepts;
  * tensor data must lie inside the file and not overlap. Errors name the path and the key or
  * tensor at fault. */
 kvs_status kvs_gguf_open(const char *path, kvs_gguf **out, kvs_error *err);

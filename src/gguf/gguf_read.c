@@ -3,7 +3,8 @@
  * Decisions: versions 2 and 3 are accepted (same layout), version 1 and later versions are
  * rejected; nested arrays are validated (up to KVS_GGUF_MAX_NESTING levels) but their elements
  * are not exposed; key and tensor names must be valid UTF-8 without NUL bytes; string values
- * are not checked for UTF-8. */
+ * are not checked for UTF-8; key, tensor and array-element counts beyond the limits of gguf.h
+ * (KVS_GGUF_MAX_*) are refused even when the file is large enough to hold them. */
 #include "gguf/gguf.h"
 
 #include <errno.h>
@@ -299,6 +300,10 @@ static kvs_status parse_array(parser *p, int depth, gguf_kv *kv)
         return pfail(p, KVS_ERR_FORMAT, "array length %llu of %s elements (at least %llu bytes "
                      "each) exceeds file size (%llu bytes left at offset %llu)", (ull)n,
                      kvs_gguf_type_name(et), (ull)min, (ull)left(p), (ull)p->pos);
+    const uint64_t most = et == KVS_GGUF_STRING ? KVS_GGUF_MAX_STRINGS : KVS_GGUF_MAX_ARRAY;
+    if (n > most)
+        return pfail(p, KVS_ERR_UNSUPPORTED, "array length %llu of %s elements exceeds kvslim's "
+                     "limit of %llu", (ull)n, kvs_gguf_type_name(et), (ull)most);
     if (kv) {
         kv->elem = (kvs_gguf_type)et;
         kv->n = n;
@@ -381,7 +386,14 @@ static kvs_status parse_header(parser *p)
         return pfail(p, KVS_ERR_FORMAT, "tensor count %llu exceeds what the file could hold "
                      "(file size %llu, at least %u bytes per tensor info)", (ull)g->n_tensors,
                      (ull)g->size, MIN_TENSOR_BYTES);
-    /* The counts are now bounded by the file size, so these allocations are too. */
+    if (g->n_kv > KVS_GGUF_MAX_KEYS)
+        return pfail(p, KVS_ERR_UNSUPPORTED, "metadata count %llu exceeds kvslim's limit of %u "
+                     "keys", (ull)g->n_kv, KVS_GGUF_MAX_KEYS);
+    if (g->n_tensors > KVS_GGUF_MAX_TENSORS)
+        return pfail(p, KVS_ERR_UNSUPPORTED, "tensor count %llu exceeds kvslim's limit of %u "
+                     "tensors", (ull)g->n_tensors, KVS_GGUF_MAX_TENSORS);
+    /* The counts are now bounded by the file size and the limits, so these allocations are
+     * too. */
     g->kv_cap = table_cap(g->n_kv);
     g->t_cap = table_cap(g->n_tensors);
     g->kv = calloc(g->n_kv ? g->n_kv : 1, sizeof *g->kv);

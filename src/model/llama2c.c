@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/limits.h"
 #include "model/llama_write.h"
 
 typedef struct checkpoint {
@@ -48,13 +49,15 @@ static kvs_status parse(checkpoint *ck, const char *path, kvs_error *err)
     memcpy(h, ck->map, sizeof h);
     static const char *const names[7] = {"dim", "hidden_dim", "n_layers", "n_heads",
                                          "n_kv_heads", "vocab_size", "seq_len"};
+    static const int most[7] = {KVS_MAX_WIDTH, KVS_MAX_WIDTH, KVS_MAX_LAYERS, KVS_MAX_WIDTH,
+                                KVS_MAX_WIDTH, KVS_MAX_VOCAB, KVS_MAX_CTX};
     for (int i = 0; i < 7; i++) {
         int64_t v = h[i];
         if (i == 5 && v < 0) /* a negative vocab_size means an unshared classifier follows */
             v = -v;
-        if (v <= 0 || v > (1 << 24))
-            return kvs_fail(err, KVS_ERR_FORMAT, "%s: header field %s = %d is out of range",
-                            path, names[i], h[i]);
+        if (v <= 0 || v > most[i])
+            return kvs_fail(err, KVS_ERR_FORMAT, "%s: header field %s = %d is out of range "
+                            "(1..%d)", path, names[i], h[i], most[i]);
     }
     kvs_hparams *hp = &ck->src.hp;
     hp->dim = h[0];
@@ -82,6 +85,19 @@ static kvs_status parse(checkpoint *ck, const char *path, kvs_error *err)
     if ((ck->size - 28) % 4 != 0)
         return kvs_fail(err, KVS_ERR_FORMAT, "%s: size %zu is not 28 + a whole number of floats",
                         path, ck->size);
+    /* The floats the header asks for, before the per-layer records are allocated: each factor
+     * is at most 2^24 (core/limits.h), so the estimate in double cannot overflow and is exact
+     * up to 2^53 floats. */
+    const double want = (double)vocab * dim * (h[5] < 0 ? 2 : 1) +
+                        (double)L * (2.0 * dim + 2.0 * dim * dim + 2.0 * dim * kv_dim +
+                                     3.0 * dim * hidden) +
+                        dim + (double)hp->ctx * hp->head_dim;
+    if (want > (double)c.total)
+        return kvs_fail(err, KVS_ERR_FORMAT,
+                        "%s: truncated checkpoint: header (dim %d, hidden_dim %d, n_layers %d, "
+                        "n_kv_heads %d, vocab_size %d, seq_len %d) needs %.0f floats, the file "
+                        "holds %llu", path, hp->dim, hp->hidden, hp->n_layers, hp->n_kv_heads,
+                        h[5], hp->ctx, want, (unsigned long long)c.total);
     ck->layers = calloc(L, sizeof *ck->layers);
     if (!ck->layers)
         return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");

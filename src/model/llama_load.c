@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "core/kernels.h"
+#include "core/limits.h"
 
 /* The architectures the loader knows. Each is the Llama block plus what its row says; keys
  * are read under the architecture's name ("qwen2.embedding_length"). */
@@ -35,16 +36,19 @@ static const char *akey(char *buf, size_t size, const arch_spec *a, const char *
     return buf;
 }
 
-static kvs_status get_int(const kvs_gguf *g, const char *key, int *out, int required,
+/* A size from the metadata, at most max (a limit of core/limits.h). */
+static kvs_status get_int(const kvs_gguf *g, const char *key, int *out, int required, int max,
                           kvs_error *err)
 {
-    uint32_t v = (uint32_t)*out;
-    kvs_status st = required ? kvs_gguf_get_u32(g, key, &v, err)
-                             : kvs_gguf_get_u32_opt(g, key, &v, err);
-    if (st != KVS_OK)
-        return st;
-    if (v > (1u << 30))
-        return kvs_fail(err, KVS_ERR_FORMAT, "metadata key '%s': value %u out of range", key, v);
+    uint64_t v = (uint64_t)*out;
+    if (required || kvs_gguf_find_key(g, key) >= 0) {
+        kvs_status st = kvs_gguf_get_u64(g, key, &v, err);
+        if (st != KVS_OK)
+            return st;
+    }
+    if (v > (uint64_t)max)
+        return kvs_fail(err, KVS_ERR_UNSUPPORTED, "metadata key '%s' is %llu; kvslim supports "
+                        "at most %d", key, (unsigned long long)v, max);
     *out = (int)v;
     return KVS_OK;
 }
@@ -109,14 +113,15 @@ static kvs_status read_hparams(const kvs_gguf *g, const arch_spec *a, kvs_hparam
 #define KEY(suffix) akey(key, sizeof key, a, suffix)
     kvs_status st;
     memset(hp, 0, sizeof *hp);
-    if ((st = get_int(g, KEY("embedding_length"), &hp->dim, 1, err)) ||
-        (st = get_int(g, KEY("feed_forward_length"), &hp->hidden, 1, err)) ||
-        (st = get_int(g, KEY("block_count"), &hp->n_layers, 1, err)) ||
-        (st = get_int(g, KEY("attention.head_count"), &hp->n_heads, 1, err)) ||
-        (st = get_int(g, KEY("context_length"), &hp->ctx, 1, err)))
+    if ((st = get_int(g, KEY("embedding_length"), &hp->dim, 1, KVS_MAX_WIDTH, err)) ||
+        (st = get_int(g, KEY("feed_forward_length"), &hp->hidden, 1, KVS_MAX_WIDTH, err)) ||
+        (st = get_int(g, KEY("block_count"), &hp->n_layers, 1, KVS_MAX_LAYERS, err)) ||
+        (st = get_int(g, KEY("attention.head_count"), &hp->n_heads, 1, KVS_MAX_WIDTH, err)) ||
+        (st = get_int(g, KEY("context_length"), &hp->ctx, 1, KVS_MAX_CTX, err)))
         return st;
     hp->n_kv_heads = hp->n_heads;
-    if ((st = get_int(g, KEY("attention.head_count_kv"), &hp->n_kv_heads, 0, err)))
+    if ((st = get_int(g, KEY("attention.head_count_kv"), &hp->n_kv_heads, 0, KVS_MAX_WIDTH,
+                      err)))
         return st;
     if (hp->dim <= 0 || hp->hidden <= 0 || hp->n_layers <= 0 || hp->n_heads <= 0 ||
         hp->ctx <= 0)
@@ -130,7 +135,7 @@ static kvs_status read_hparams(const kvs_gguf *g, const arch_spec *a, kvs_hparam
     /* The head width: attention.key_length when given (Q is then n_heads * key_length wide,
      * which may differ from the embedding), else embedding_length / head_count. */
     if (kvs_gguf_find_key(g, KEY("attention.key_length")) >= 0) {
-        if ((st = get_int(g, key, &hp->head_dim, 1, err)))
+        if ((st = get_int(g, key, &hp->head_dim, 1, KVS_MAX_WIDTH, err)))
             return st;
         if (hp->head_dim <= 0)
             return kvs_fail(err, KVS_ERR_FORMAT, "%s must be positive", key);
@@ -143,7 +148,7 @@ static kvs_status read_hparams(const kvs_gguf *g, const arch_spec *a, kvs_hparam
         hp->head_dim = hp->dim / hp->n_heads;
     }
     int v_dim = hp->head_dim;
-    if ((st = get_int(g, KEY("attention.value_length"), &v_dim, 0, err)))
+    if ((st = get_int(g, KEY("attention.value_length"), &v_dim, 0, KVS_MAX_WIDTH, err)))
         return st;
     if (v_dim != hp->head_dim)
         return kvs_fail(err, KVS_ERR_UNSUPPORTED,
@@ -151,7 +156,7 @@ static kvs_status read_hparams(const kvs_gguf *g, const arch_spec *a, kvs_hparam
                         "KV cache needs keys and values of one width", a->name, v_dim,
                         hp->head_dim);
     hp->rot_dim = hp->head_dim;
-    if ((st = get_int(g, KEY("rope.dimension_count"), &hp->rot_dim, 0, err)))
+    if ((st = get_int(g, KEY("rope.dimension_count"), &hp->rot_dim, 0, KVS_MAX_WIDTH, err)))
         return st;
     if (hp->rot_dim <= 0 || hp->rot_dim > hp->head_dim || hp->rot_dim % 2 != 0)
         return kvs_fail(err, KVS_ERR_FORMAT,
@@ -273,9 +278,10 @@ static kvs_status load_weights(struct kvs_model *m, const arch_spec *a, float ro
     if (q_dim64 > INT_MAX || kv_dim64 > INT_MAX ||
         (uint64_t)hp->n_layers * per_layer64 + (uint64_t)hp->dim > 2 * file_elems)
         return kvs_fail(err, KVS_ERR_FORMAT,
-                        "%d layers of width %d (%llu query dims) need more weights than the "
-                        "file's %llu tensor elements", hp->n_layers, hp->dim,
-                        (unsigned long long)q_dim64, (unsigned long long)file_elems);
+                        "%s.block_count %d and embedding_length %d (%llu query dims) need "
+                        "more weights than the file's %llu tensor elements", a->name,
+                        hp->n_layers, hp->dim, (unsigned long long)q_dim64,
+                        (unsigned long long)file_elems);
     const int q_dim = (int)q_dim64, kv_dim = (int)kv_dim64;
     const size_t per_layer = (size_t)per_layer64;
     m->layers = calloc((size_t)hp->n_layers, sizeof *m->layers);
@@ -288,10 +294,13 @@ static kvs_status load_weights(struct kvs_model *m, const arch_spec *a, float ro
     const kvs_gguf_tensor *emb = kvs_gguf_find_tensor(g, "token_embd.weight");
     if (!emb)
         return kvs_fail(err, KVS_ERR_FORMAT, "tensor 'token_embd.weight' is missing");
-    if (emb->n_dims != 2 || emb->dims[0] != (uint64_t)hp->dim || emb->dims[1] < 1 ||
-        emb->dims[1] > (1u << 24))
+    if (emb->n_dims != 2 || emb->dims[0] != (uint64_t)hp->dim || emb->dims[1] < 1)
         return kvs_fail(err, KVS_ERR_FORMAT,
                         "tensor 'token_embd.weight' must have shape [%d, n_vocab]", hp->dim);
+    if (emb->dims[1] > KVS_MAX_VOCAB)
+        return kvs_fail(err, KVS_ERR_UNSUPPORTED, "tensor 'token_embd.weight' has %llu rows "
+                        "(n_vocab); kvslim supports at most %d", (unsigned long long)emb->dims[1],
+                        KVS_MAX_VOCAB);
     m->hp.vocab = (int)emb->dims[1];
     if ((st = find_matrix(g, "token_embd.weight", hp->vocab, hp->dim, &m->tok_embd, &m->n_params,
                           err)))

@@ -1,5 +1,6 @@
 /* Random-weight llama models of any shape, for timing at realistic sizes without a download. */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "core/error.h"
@@ -41,6 +42,13 @@ kvs_status kvs_synthetic_write_to(const kvs_hparams *hp_in, kvs_wtype wt, uint64
     hp.eps = 1e-5f;
     hp.rope_base = 10000.0f;
 
+    /* The sizes come from the caller: make sure the weight count below cannot overflow. */
+    const double d = hp.dim, kvd = (double)hp.n_kv_heads * hp.head_dim;
+    const double want = 2.0 * hp.vocab * d + d +
+                        (2 * d + 2 * d * d + 2 * d * kvd + 3 * d * hp.hidden) * hp.n_layers;
+    if (want > (double)(SIZE_MAX / sizeof(float) / 2))
+        return kvs_fail(err, KVS_ERR_ARG, "synthetic shape: %.3g weights are more than this "
+                        "machine can address", want);
     const size_t dim = (size_t)hp.dim, kv_dim = (size_t)hp.n_kv_heads * hp.head_dim,
                  hidden = (size_t)hp.hidden;
     const size_t per_layer = 2 * dim + 2 * dim * dim + 2 * dim * kv_dim + 3 * dim * hidden;

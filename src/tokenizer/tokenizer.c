@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "core/limits.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/pretok.h"
 
@@ -373,8 +374,9 @@ kvs_status kvs_tokenizer_load_llama2c_n(const char *path, int n_vocab, kvs_token
     long long off = 4;
     for (;;) {
         if (n_vocab > 0 ? n >= n_vocab : off >= size) break;
-        if (n >= INT32_MAX / 2) {
-            s = kvs_fail(err, KVS_ERR_FORMAT, "%s: too many tokens", path);
+        if (n >= KVS_MAX_VOCAB) {
+            s = kvs_fail(err, KVS_ERR_UNSUPPORTED, "%s: more than %d tokens; kvslim supports at "
+                         "most %d", path, n, KVS_MAX_VOCAB);
             goto done;
         }
         if (size - off < 8) {
@@ -401,6 +403,14 @@ kvs_status kvs_tokenizer_load_llama2c_n(const char *path, int n_vocab, kvs_token
             s = kvs_fail(err, KVS_ERR_FORMAT,
                          "%s: token %d: byte length %d exceeds max_token_length %d (offset %lld)",
                          path, n, (int)len, (int)max_len, off + 4);
+            goto done;
+        }
+        if ((uint32_t)len > MAX_PIECE_BYTES ||
+            (size_t)len * SPACE_MARK_LEN > KVS_MAX_VOCAB_BYTES - arena.n) {
+            s = kvs_fail(err, KVS_ERR_UNSUPPORTED,
+                         "%s: token %d: byte length %d at offset %lld exceeds kvslim's limits "
+                         "(%u bytes a token, %u bytes for all tokens)", path, n, (int)len,
+                         off + 4, MAX_PIECE_BYTES, KVS_MAX_VOCAB_BYTES);
             goto done;
         }
         if ((long long)len > size - off - 8) {
@@ -631,9 +641,9 @@ kvs_status kvs_tokenizer_from_gguf(const kvs_gguf *g, kvs_tokenizer **out, kvs_e
         s = kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: key %s is empty", K_TOKENS);
         goto fail_pre;
     }
-    if (n_tok > INT32_MAX / 2) {
-        s = kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: key %s has too many tokens (%llu)", K_TOKENS,
-                     (unsigned long long)n_tok);
+    if (n_tok > KVS_MAX_VOCAB) {
+        s = kvs_fail(err, KVS_ERR_UNSUPPORTED, "tokenizer: key %s has %llu entries; kvslim "
+                     "supports at most %d", K_TOKENS, (unsigned long long)n_tok, KVS_MAX_VOCAB);
         goto fail_pre;
     }
     if (has_scores && n_sc != n_tok) {
@@ -669,6 +679,12 @@ kvs_status kvs_tokenizer_from_gguf(const kvs_gguf *g, kvs_tokenizer **out, kvs_e
         if (str.len > MAX_PIECE_BYTES) {
             s = kvs_fail(err, KVS_ERR_FORMAT, "tokenizer: key %s: token %d is %llu bytes long",
                          K_TOKENS, i, (unsigned long long)str.len);
+            goto fail;
+        }
+        if (str.len > KVS_MAX_VOCAB_BYTES - arena.n) {
+            s = kvs_fail(err, KVS_ERR_UNSUPPORTED, "tokenizer: key %s: the token texts up to "
+                         "token %d exceed kvslim's limit of %u bytes", K_TOKENS, i,
+                         KVS_MAX_VOCAB_BYTES);
             goto fail;
         }
         t->piece_off[i] = arena.n;
