@@ -82,6 +82,16 @@ static kvs_status parse(checkpoint *ck, const char *path, kvs_error *err)
     if ((ck->size - 28) % 4 != 0)
         return kvs_fail(err, KVS_ERR_FORMAT, "%s: size %zu is not 28 + a whole number of floats",
                         path, ck->size);
+    /* The per-layer table is sized by the header's n_layers: refuse a count the file cannot
+     * hold before allocating it (up to 2^24 layers, 1.2 GB of table, for a 28-byte file). Each
+     * term is below 2^50, so the sum cannot overflow. */
+    const uint64_t per_layer = 2 * dim + 2 * dim * dim + 2 * dim * kv_dim + 3 * dim * hidden;
+    if (L > c.total / per_layer)
+        return kvs_fail(err, KVS_ERR_FORMAT,
+                        "%s: truncated checkpoint: header field n_layers = %d needs %llu floats "
+                        "per layer, more than the %llu bytes after the header hold", path,
+                        hp->n_layers, (unsigned long long)per_layer,
+                        (unsigned long long)(ck->size - 28));
     ck->layers = calloc(L, sizeof *ck->layers);
     if (!ck->layers)
         return kvs_fail(err, KVS_ERR_NOMEM, "out of memory");
