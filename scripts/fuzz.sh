@@ -17,15 +17,24 @@ bash scripts/quiet.sh build "$BUILD/build.log" \
   cmake --build "$BUILD" -j "$JOBS" --target fuzzers || exit 1
 
 # Per harness: the largest input worth trying and any extra flags.
-declare -A max_len=([fuzz_gguf]=65536 [fuzz_kv_spec]=512 [fuzz_tokenize]=4096)
+# fuzz_mpc_msg stays well under a socket buffer (the harness queues the peer's bytes at once).
+declare -A max_len=([fuzz_gguf]=65536 [fuzz_kv_spec]=512 [fuzz_tokenize]=4096
+  [fuzz_llama2c]=32768 [fuzz_tokens]=4096 [fuzz_server_request]=8192 [fuzz_mpc_msg]=16384)
 declare -A extra=([fuzz_gguf]="-dict=fuzz/gguf.dict")
 
 # Seeds read from ../shared at run time (never copied into the repository): llama.cpp's
 # vocabulary test inputs for the tokenizers, the first 8 KiB of two vocabulary GGUFs (real
-# headers and metadata, cut off) for the GGUF reader.
+# headers and metadata, cut off) for the GGUF reader, llama2.c's 512-token tokenizer.bin after
+# a tiny checkpoint of that vocabulary (the seed vocab512-no-tokenizer.bin) for the llama2.c
+# importer, and a golden token file for the token-file parser.
 shared_seeds() {
   local h=$1 work=$2 vocab=$KVS_SHARED_DIR/models/vocab
   case $h in
+  fuzz_llama2c)
+    cat fuzz/corpus/fuzz_llama2c/vocab512-no-tokenizer.bin "$KVS_SHARED_DIR/models/tok512.bin" \
+      >"$work/shared-tok512.bin" ;;
+  fuzz_tokens)
+    cp -f "$KVS_SHARED_DIR/models/golden/stories260K-sample-512.tokens" "$work/shared-golden.tokens" ;;
   fuzz_tokenize) cp -f "$vocab/ggml-vocab-gpt-2.gguf.inp" "$work/shared-vocab-tests.txt" ;;
   fuzz_gguf)
     for v in gpt-2 llama-spm; do

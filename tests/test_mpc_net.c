@@ -640,8 +640,10 @@ static void send_garbage(end *e, kvs_chan *c)
     uint8_t h[HDR];
     if (e->n == 0) {
         memcpy(h, "HTTP/1.1 200 OK\r\nContent", HDR);
-    } else {
+    } else if (e->n == 1) {
         header(h, KVS_OP_MUL, 0, 0x7fffffffu, 1); /* a length beyond the 1 GiB limit */
+    } else {
+        header(h, KVS_OP_MUL, 0, 512u << 20, 1); /* 512 MiB, within it: no payload follows */
     }
     send_raw(e->fd, h, sizeof h);
 }
@@ -680,6 +682,18 @@ static void test_wrong_messages(void)
                           "malformed message header: not a kvslim peer or a corrupted stream"),
                "kind %zu: status %d, '%s'", kind, a.st, a.err.msg);
     }
+    /* A length under the limit but over what the receive expects is refused from the header
+     * alone, before anything is buffered for it (the peer sends no payload: a wait for one
+     * would time out instead). */
+    end a, b;
+    end_init(&a, 0, 1, 1, recv_mul_100);
+    end_init(&b, 1, 0, 1, send_garbage);
+    b.n = 2;
+    run_pair(&a, &b);
+    CHECKF(a.st == KVS_ERR_FORMAT &&
+               strstr(a.err.msg, "expected a mul message of 100 bytes, the peer sent a mul "
+                                 "message of 536870912 bytes"),
+           "status %d, '%s'", a.st, a.err.msg);
 }
 
 /* ---- TCP ---- */

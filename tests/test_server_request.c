@@ -8,6 +8,7 @@
 
 #include "check.h"
 #include "kvslim.h"
+#include "server/server_json.h"
 #include "server/server_metrics.h"
 #include "server/server_request.h"
 #include "server/server_slots.h"
@@ -396,8 +397,28 @@ static void test_model_meta(void)
     kvs_model_free(m);
 }
 
+/* A refusal that quotes the request, cut inside a UTF-8 character at 64 bytes, is still answered
+ * with valid UTF-8: the half character becomes U+FFFD (fuzz/regress/fuzz_server_request/). */
+static void test_error_utf8(void)
+{
+    char body[256] = "{\"messages\":[{\"role\":\"x";
+    for (int i = 0; i < 40; i++)
+        strcat(body, "\xc3\xa9");
+    strcat(body, "\",\"content\":\"x\"}]}");
+    kvs_srv_request r;
+    kvs_srv_error e;
+    CHECK(parse(body, 1, &r, &e) == 400);
+    kvs_srv_buf out = {0};
+    CHECK(kvs_srv_json_error(&out, &e) == 0);
+    CHECKF(out.data && strstr(out.data, "\xc3\xa9\xef\xbf\xbd' is not one of"), "%s",
+           out.data ? out.data : "(null)");
+    CHECK(out.data && !strstr(out.data, "\xc3' is not"));
+    kvs_srv_buf_free(&out);
+}
+
 int main(void)
 {
+    test_error_utf8();
     test_completion_fields();
     test_completion_errors();
     test_messages();

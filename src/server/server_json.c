@@ -5,6 +5,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "server/server_stop.h"
+
 /* Prints root onto out (and frees it); -1 if anything failed on the way, root NULL included. */
 static int emit(kvs_srv_buf *out, cJSON *root, const char *prefix, const char *suffix)
 {
@@ -35,8 +37,17 @@ static double r3(double v) { return isfinite(v) ? round(v * 1e3) / 1e3 : 0.0; }
 
 static cJSON *error_object(const kvs_srv_error *e)
 {
+    /* A message may quote the request (a role, a kv spec) or be cut by its buffer's size, so
+     * it may hold bytes that are not UTF-8, or half a character: JSON must be UTF-8, so those
+     * become U+FFFD as in generated text (found by fuzz/fuzz_server_request.c). */
+    kvs_srv_buf msg = {0};
+    if (kvs_srv_utf8_append(&msg, e->message, strlen(e->message)) != 0) {
+        kvs_srv_buf_free(&msg);
+        return NULL;
+    }
     cJSON *root = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(root, "error");
-    cJSON_AddStringToObject(err, "message", e->message);
+    cJSON_AddStringToObject(err, "message", msg.data ? msg.data : "");
+    kvs_srv_buf_free(&msg);
     cJSON_AddStringToObject(err, "type", e->type ? e->type : "server_error");
     if (e->param[0])
         cJSON_AddStringToObject(err, "param", e->param);
