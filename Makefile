@@ -3,7 +3,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all deps build test demo asan tsan coverage fuzz bench clean
+.PHONY: all deps build test demo asan tsan lint coverage fuzz bench clean
 
 all: build
 
@@ -45,6 +45,12 @@ tsan: deps
 	cmake --build $(BUILD)-tsan -j $(JOBS) --target kvslim $(TSAN_UNIT)
 	cd $(BUILD)-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) \
 	  -R '$(TSAN_REGEX)'
+
+# Static analysis: cppcheck on src/, tools/ and include/ (warnings and portability, the build's
+# configuration); any finding fails. Suppressions are justified where they are written
+# (scripts/lint.sh, scripts/cppcheck-suppressions.txt).
+lint: deps
+	JOBS=$(JOBS) bash scripts/lint.sh
 
 # Line, function and branch coverage of src/ by the whole ctest suite (gcov + lcov), with a
 # per-directory table and the kvs_fail( error paths no test reaches (scripts/coverage.sh).
