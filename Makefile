@@ -46,9 +46,9 @@ tsan: deps
 	cd $(BUILD)-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) \
 	  -R '$(TSAN_REGEX)'
 
-# Static analysis: cppcheck on src/, tools/ and include/ (warnings and portability, the build's
-# configuration); any finding fails. Suppressions are justified where they are written
-# (scripts/lint.sh, scripts/cppcheck-suppressions.txt).
+# Static analysis: cppcheck on src/, tools/ and include/ (warnings, portability, performance;
+# the build's configuration); any finding fails. Suppressions are justified where they are
+# written (scripts/lint.sh, scripts/cppcheck-suppressions.txt).
 lint: deps
 	JOBS=$(JOBS) bash scripts/lint.sh
 

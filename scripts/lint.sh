@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make lint: cppcheck over src/, tools/ and include/ (warnings and portability), in the
+# make lint: cppcheck over src/, tools/ and include/ (warnings, portability, performance), in the
 # configuration the build compiles: -D_GNU_SOURCE -DNDEBUG (Release) and, of the compiler's
 # predefined macros that the sources test (OS, CPU, the SIMD extensions of -march=native), those
 # this compiler defines. Any finding fails (exit 1). Suppressions: inline ones
@@ -19,6 +19,6 @@ done
 echo "lint: cppcheck $(cppcheck --version | awk '{print $2}') ${defines[*]}" >&2
 # -D limits the check to that one configuration (not every #ifdef combination); system headers
 # are not parsed (missingIncludeSystem), the project's are (-I include -I src).
-exec cppcheck -q -j "$JOBS" --std=c11 --language=c --enable=warning,portability \
+exec cppcheck -q -j "$JOBS" --std=c11 --language=c --enable=warning,portability,performance \
   --error-exitcode=1 --inline-suppr --suppressions-list=scripts/cppcheck-suppressions.txt \
   --suppress=missingIncludeSystem "${defines[@]}" -I include -I src src tools include
