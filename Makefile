@@ -3,7 +3,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all deps build test demo asan tsan coverage fuzz bench clean
+.PHONY: all deps build test demo asan tsan lint coverage fuzz bench clean
 
 all: build
 
@@ -27,14 +27,30 @@ asan: deps
 	cmake --build $(BUILD)-asan -j $(JOBS)
 	cd $(BUILD)-asan && ctest --output-on-failure -j $(JOBS)
 
-# The tests whose code runs threads of its own (PQCache's clustering and cache worker, the
-# thread pool, the slow tier) under ThreadSanitizer.
-TSAN_TESTS = test_pqcache test_threadpool test_pq_tier
+# Under ThreadSanitizer (-O1, a Debug build: KVS_ASSERT on) the tests whose code runs threads of
+# its own: the thread pool; the parallel kernels with pools of 2 and 3 threads (kvs_matmul's
+# float and 8-bit paths, the integer K-quant kernels, the dequantising matmul, attention, KIVI,
+# the forward pass); PQCache's clustering and cache worker and its slow tier; and the server's
+# concurrent sessions (tests/cli/serve_concurrent.sh: 4 requests on 2 sequences of 2 threads).
+# The unit tests check fewer shapes there (KVS_UNDER_TSAN, tests/check.h). halt_on_error: the
+# first report ends the program with a non-zero status, which fails its test.
+TSAN_UNIT = test_threadpool test_kernels test_matmul_kq test_quant_types test_kv test_kivi \
+  test_model test_pqcache test_pq_tier
+TSAN_CLI = serve_concurrent
+TSAN_REGEX = ^($(subst $(space),|,$(strip $(TSAN_UNIT) $(addprefix cli_,$(TSAN_CLI)))))$$
+empty :=
+space := $(empty) $(empty)
 tsan: deps
 	cmake -S . -B $(BUILD)-tsan -DCMAKE_BUILD_TYPE=Debug -DKVS_TSAN=ON >/dev/null
-	cmake --build $(BUILD)-tsan -j $(JOBS) --target $(TSAN_TESTS)
-	cd $(BUILD)-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure \
-	  -R '^(test_pqcache|test_threadpool|test_pq_tier)$$'
+	cmake --build $(BUILD)-tsan -j $(JOBS) --target kvslim $(TSAN_UNIT)
+	cd $(BUILD)-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) \
+	  -R '$(TSAN_REGEX)'
+
+# Static analysis: cppcheck on src/, tools/ and include/ (warnings, portability, performance;
+# the build's configuration); any finding fails. Suppressions are justified where they are
+# written (scripts/lint.sh, scripts/cppcheck-suppressions.txt).
+lint: deps
+	JOBS=$(JOBS) bash scripts/lint.sh
 
 # Line, function and branch coverage of src/ by the whole ctest suite (gcov + lcov), with a
 # per-directory table and the kvs_fail( error paths no test reaches (scripts/coverage.sh).

@@ -3,9 +3,9 @@
 # package names as arguments (make fuzz: clang, for libFuzzer) are installed the same way.
 set -euo pipefail
 # libmicrohttpd and cJSON: the server; chromium, curl: its tests (the page in a real browser,
-# raw HTTP); wrk: its load benchmark; lcov: `make coverage`.
+# raw HTTP); wrk: its load benchmark; lcov: `make coverage`; cppcheck: `make lint`.
 packages=(build-essential cmake pkg-config libopenblas-dev gnuplot-nox jq libssl-dev
-  libmicrohttpd-dev libcjson-dev libpcre2-dev chromium curl wrk python3 lcov "$@")
+  libmicrohttpd-dev libcjson-dev libpcre2-dev chromium curl wrk python3 lcov cppcheck "$@")
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

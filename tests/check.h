@@ -7,6 +7,20 @@
 
 static int check_passed, check_failed;
 
+/* 1 in a ThreadSanitizer build (make tsan), where code runs 5 to 15 times slower: the threaded
+ * tests then check fewer shapes (every kernel path and thread count still), so that CI's TSan
+ * stage stays within its time. */
+#if defined(__SANITIZE_THREAD__)
+#define KVS_UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define KVS_UNDER_TSAN 1
+#endif
+#endif
+#ifndef KVS_UNDER_TSAN
+#define KVS_UNDER_TSAN 0
+#endif
+
 #define CHECK(cond)                                                                          \
     do {                                                                                     \
         if (cond) {                                                                          \

@@ -179,15 +179,22 @@ static void test_shapes(kq_state *st)
     const int ins[] = {256, 768, 2048};
     const int outs[] = {1, 5, 16, 17, 48, 100};
     const int rows[] = {1, 2, 3, 4, 5, 8, 33};
+    /* Under ThreadSanitizer a sub-grid (one row count of each tile path, few and many
+     * columns), and one round of the repeated cases below. */
+    const int tsan_ins[] = {256, 768}, tsan_outs[] = {1, 17, 100}, tsan_rows[] = {1, 3, 8, 33};
+    const int n_ins = KVS_UNDER_TSAN ? 2 : 3, n_outs = KVS_UNDER_TSAN ? 3 : 6,
+              n_rows = KVS_UNDER_TSAN ? 4 : 7;
     for (size_t t = 0; t < N_TYPES; t++)
-        for (size_t a = 0; a < sizeof ins / sizeof ins[0]; a++)
-            for (size_t b = 0; b < sizeof outs / sizeof outs[0]; b++)
-                for (size_t c = 0; c < sizeof rows / sizeof rows[0]; c++)
-                    check_case(st, types[t], rows[c], ins[a], outs[b]);
+        for (int a = 0; a < n_ins; a++)
+            for (int b = 0; b < n_outs; b++)
+                for (int c = 0; c < n_rows; c++)
+                    check_case(st, types[t], KVS_UNDER_TSAN ? tsan_rows[c] : rows[c],
+                               KVS_UNDER_TSAN ? tsan_ins[a] : ins[a],
+                               KVS_UNDER_TSAN ? tsan_outs[b] : outs[b]);
     /* block-of-32 rows that are not whole groups of 8 blocks (odd block counts), and repeated
      * seeds */
     const kvs_dtype b32[] = {KVS_IQ4_NL, KVS_Q4_1, KVS_Q5_0, KVS_Q5_1};
-    for (int rep = 0; rep < 3; rep++) {
+    for (int rep = 0; rep < (KVS_UNDER_TSAN ? 1 : 3); rep++) {
         for (size_t t = 0; t < sizeof b32 / sizeof b32[0]; t++) {
             check_case(st, b32[t], 1, 32, 7);
             check_case(st, b32[t], 3, 96, 20);

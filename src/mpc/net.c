@@ -376,7 +376,7 @@ static kvs_status recv_msg(kvs_chan *c, kvs_mpc_op op, void *buf, size_t n_min, 
         return st;
     h = c->in.p + c->in_pos; /* need() may have moved the buffer */
     const uint8_t *body = h + KVS_CHAN_HEADER_BYTES;
-    uint8_t dummy;
+    uint8_t dummy = 0; /* the target of an empty message: never read, but initialised */
     uint8_t *dst = n > 0 ? (uint8_t *)buf : &dummy;
     if (c->enc) {
         if (kvs_gcm_open(c->open, c->recv_seq, h, KVS_CHAN_HEADER_BYTES, body, n, dst, body + n) != 0) {

@@ -419,7 +419,9 @@ static inline uint32_t order_key(float x)
 {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
-    uint32_t key = u ^ ((uint32_t)((int32_t)u >> 31) | 0x80000000u);
+    /* All ones when the sign bit is set: 0 - 1 in unsigned arithmetic, not (int32_t)u >> 31,
+     * whose right shift of a negative value is implementation-defined (cppcheck). */
+    uint32_t key = u ^ ((0u - (u >> 31)) | 0x80000000u);
     key = x == 0.0f ? 0x80000000u : key;
     return x != x ? 0u : key;
 }
