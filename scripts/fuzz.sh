@@ -43,29 +43,58 @@ shared_seeds() {
   esac
 }
 
-failed=()
-mkdir -p "$BUILD/artifacts"
-for src in fuzz/fuzz_*.c; do
-  h=$(basename "$src" .c)
-  work="$BUILD/corpus/$h"
+# One harness: seeds into its working corpus, then libFuzzer for SECONDS_EACH; the exit status
+# goes to $BUILD/<harness>.rc.
+run_one() {
+  local h=$1 work="$BUILD/corpus/$1" log="$BUILD/$1.log"
   mkdir -p "$work"
   # The seeds are copied in; inputs found by earlier runs stay, so coverage builds up.
   cp -f fuzz/corpus/"$h"/* "$work"/
   shared_seeds "$h" "$work"
-  log="$BUILD/$h.log"
-  echo "fuzz: $h for ${SECONDS_EACH}s (log: $log)"
   # shellcheck disable=SC2086
   "$BUILD/$h" -max_total_time="$SECONDS_EACH" -max_len="${max_len[$h]:-4096}" -timeout=10 \
     -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$BUILD/artifacts/$h-" \
     ${extra[$h]:-} "$work" >"$log" 2>&1
-  rc=$?
+  echo $? >"$BUILD/$h.rc"
+}
+
+# FUZZ_JOBS harnesses at a time (default: one per core), so CI's step takes
+# 7 x FUZZ_SECONDS / FUZZ_JOBS.
+PARALLEL=${FUZZ_JOBS:-$JOBS}
+harnesses=()
+for src in fuzz/fuzz_*.c; do harnesses+=("$(basename "$src" .c)"); done
+mkdir -p "$BUILD/artifacts"
+echo "fuzz: ${#harnesses[@]} harnesses, ${SECONDS_EACH}s each, $PARALLEL at a time"
+running=0
+for h in "${harnesses[@]}"; do
+  if [ "$running" -ge "$PARALLEL" ]; then
+    wait -n
+    running=$((running - 1))
+  fi
+  rm -f "$BUILD/$h.rc"
+  run_one "$h" &
+  running=$((running + 1))
+done
+wait
+
+failed=()
+for h in "${harnesses[@]}"; do
+  log="$BUILD/$h.log"
+  rc=$(cat "$BUILD/$h.rc" 2>/dev/null || echo 1)
+  echo "fuzz: $h (log: $log)"
   { grep -E '^#[0-9]+.*cov:' "$log" | tail -n 1
     grep -E 'stat::number_of_executed_units|stat::average_exec_per_sec' "$log"; } |
     sed 's/^/  /'
-  if [ $rc -ne 0 ]; then
+  if [ "$rc" -ne 0 ]; then
     tail -n 40 "$log"
     art=$(grep -oE "Test unit written to [^ ]+" "$log" | sed 's/Test unit written to //')
     echo "fuzz: $h FAILED (exit $rc); input: ${art:-see $log}" >&2
+    # A CI machine is thrown away: the input goes to the log too, to be kept in
+    # fuzz/regress/<harness>/ (base64 -d), where the replay ctest runs it from then on.
+    if [ -n "$art" ] && [ -f "$art" ] && [ "$(stat -c %s "$art")" -le 65536 ]; then
+      echo "fuzz: $h input, base64:" >&2
+      base64 -w 100 "$art" >&2
+    fi
     failed+=("$h")
   fi
 done
