@@ -1,0 +1,253 @@
+/* Error paths of the KV cache no other test reaches (issue 16): kvs_kv_new's configuration
+ * checks, a budget above the context, kvs_kv_layer called out of order (before a prompt, a
+ * decode batch, a batch past the prompt or past the policy's limit), shifting with the recall
+ * shadow, pqcache's local window and second prompt, KIVI on the wrong store, an over-long --kv-type item, and the layer similarity of a
+ * cache whose layers differ. Each asserts the status and that the message names the value. */
+#include <string.h>
+
+#include "check.h"
+#include "core/threadpool.h"
+#include "eval/layer_similarity.h"
+#include "kv/kivi.h"
+#include "kv/kv.h"
+#include "kv/kv_store.h"
+#include "policies/registry.h"
+
+enum { L = 2, NH = 2, NKV = 1, HD = 8, CTX = 16 };
+
+#define CHECK_ERR(st_, want_st, needle)                                                      \
+    CHECKF((st_) == (want_st) && strstr(err.msg, (needle)), "status %d, message '%s' (want %d, " \
+           "'%s')", (int)(st_), err.msg, (int)(want_st), (needle))
+
+static kvs_status parse(const char *text, kvs_policy_spec *spec)
+{
+    kvs_error err = {0};
+    kvs_status st = kvs_policy_parse(text, spec, &err);
+    CHECKF(st == KVS_OK, "%s: %s", text, err.msg);
+    return st;
+}
+
+static void config_checks(void)
+{
+    kvs_policy_spec full;
+    parse("full", &full);
+    kvs_kv *kv = (kvs_kv *)1;
+    kvs_error err = {0};
+
+    kvs_kv_config c = {L, 3, 2, HD, CTX, KVS_F32, 0};
+    kvs_status st = kvs_kv_new(&c, &full, &kv, &err);
+    CHECK_ERR(st, KVS_ERR_ARG, "KV heads 2 do not divide query heads 3");
+    CHECK(kv == NULL);
+
+    c = (kvs_kv_config){L, NH, NKV, HD, CTX, KVS_BF16, 0};
+    st = kvs_kv_new(&c, &full, &kv, &err);
+    CHECK_ERR(st, KVS_ERR_ARG, "is not supported (f32 or f16)");
+    CHECK(strstr(err.msg, kvs_dtype_name(KVS_BF16)) != NULL);
+
+    /* Both ends of the context range, with the range in the message. */
+    c = (kvs_kv_config){L, NH, NKV, HD, 0, KVS_F32, 0};
+    st = kvs_kv_new(&c, &full, &kv, &err);
+    CHECK_ERR(st, KVS_ERR_ARG, "context of 0 tokens is out of range [1, 1073741823]");
+    c.max_slots = (1 << 30) + 1;
+    st = kvs_kv_new(&c, &full, &kv, &err);
+    CHECK_ERR(st, KVS_ERR_ARG, "context of 1073741825 tokens is out of range");
+    CHECK(kv == NULL);
+}
+
+static void budget_over_context(void)
+{
+    kvs_policy_spec spec;
+    kvs_error err = {0};
+    kvs_kv_config c = {L, NH, NKV, HD, CTX, KVS_F32, 0};
+    kvs_kv *kv = NULL;
+    /* A fraction of a prompt longer than the context: the message suggests slots=N. */
+    parse("h2o:budget=0.5", &spec);
+    CHECK(kvs_kv_new(&c, &spec, &kv, &err) == KVS_OK);
+    if (kv) {
+        kvs_status st = kvs_kv_begin_prompt(kv, 40, &err);
+        CHECK_ERR(st, KVS_ERR_ARG, "--kv h2o:budget=0.5: budget of 20 slots (of a prompt of 40 "
+                                   "tokens) exceeds the context of 16 tokens");
+        CHECK(strstr(err.msg, "give a count of slots"));
+        kvs_kv_free(kv);
+    }
+    /* A count above the context. */
+    kv = NULL;
+    parse("h2o:slots=17", &spec);
+    CHECK(kvs_kv_new(&c, &spec, &kv, &err) == KVS_OK);
+    if (kv) {
+        kvs_status st = kvs_kv_begin_prompt(kv, 8, &err);
+        CHECK_ERR(st, KVS_ERR_ARG, "--kv h2o:slots=17: budget of 17 slots exceeds the context "
+                                   "of 16 tokens");
+        kvs_kv_free(kv);
+    }
+}
+
+static float q[CTX * NH * HD], k[CTX * NKV * HD], v[CTX * NKV * HD], out[CTX * NH * HD];
+static int32_t pos[CTX];
+
+static void fill(void)
+{
+    for (size_t i = 0; i < sizeof q / sizeof *q; i++)
+        q[i] = (float)((i * 7) % 11) / 11.0f - 0.5f;
+    for (size_t i = 0; i < sizeof k / sizeof *k; i++) {
+        k[i] = (float)((i * 5) % 13) / 13.0f - 0.5f;
+        v[i] = (float)((i * 3) % 17) / 17.0f - 0.5f;
+    }
+    for (int i = 0; i < CTX; i++)
+        pos[i] = i;
+}
+
+static void layer_order(void)
+{
+    kvs_policy_spec spec;
+    kvs_error err = {0};
+    kvs_kv_config c = {L, NH, NKV, HD, CTX, KVS_F32, 0};
+    kvs_kv *kv = NULL;
+    kvs_pool *pool = kvs_pool_create(1);
+    parse("full", &spec);
+    CHECK(kvs_kv_new(&c, &spec, &kv, &err) == KVS_OK);
+    if (!kv || !pool) {
+        kvs_pool_destroy(pool);
+        kvs_kv_free(kv);
+        return;
+    }
+    /* Before any prompt. */
+    kvs_status st = kvs_kv_layer(kv, pool, 0, 1, q, k, v, pos, out, &err);
+    CHECK_ERR(st, KVS_ERR_ARG, "no prompt has begun (kvs_kv_begin_prompt)");
+
+    /* A batch longer than the prompt's remainder. */
+    CHECK(kvs_kv_begin_prompt(kv, 4, &err) == KVS_OK);
+    st = kvs_kv_layer(kv, pool, 0, 5, q, k, v, pos, out, &err);
+    CHECK_ERR(st, KVS_ERR_ARG, "batch of 5 tokens runs past the prompt's end (4 left)");
+
+    /* The prompt fed to layer 0 only: the layers now differ, which the layer similarity
+     * refuses, naming the first layer that differs. */
+    CHECKF(kvs_kv_layer(kv, pool, 0, 4, q, k, v, pos, out, &err) == KVS_OK, "%s", err.msg);
+    kvs_layer_sim sim[L];
+    st = kvs_layer_similarity(kv, sim, &err);
+    CHECK_ERR(st, KVS_ERR_ARG, "layer similarity needs a full cache: layer 1 head 0 holds");
+    CHECKF(kvs_kv_layer(kv, pool, 1, 4, q, k, v, pos, out, &err) == KVS_OK, "%s", err.msg);
+    CHECKF(kvs_layer_similarity(kv, sim, &err) == KVS_OK, "%s", err.msg);
+    kvs_kv_end_batch(kv, 4);
+
+    /* Decoding takes one token at a time. */
+    st = kvs_kv_layer(kv, pool, 0, 2, q, k, v, pos + 4, out, &err);
+    CHECK_ERR(st, KVS_ERR_ARG, "decode steps take one token, got 2");
+    kvs_kv_free(kv);
+
+    /* hashevict (paper prefill) takes the prompt beyond its slots token by token: a larger
+     * batch is refused with the limit kvs_kv_prompt_batch gives. */
+    kv = NULL;
+    parse("hashevict:slots=4,sinks=0,recent=0", &spec);
+    CHECK(kvs_kv_new(&c, &spec, &kv, &err) == KVS_OK);
+    if (kv) {
+        CHECKF(kvs_kv_begin_prompt(kv, 8, &err) == KVS_OK, "%s", err.msg);
+        CHECKF(kvs_kv_prompt_batch(kv) == 4, "prompt batch %d", kvs_kv_prompt_batch(kv));
+        st = kvs_kv_layer(kv, pool, 0, 8, q, k, v, pos, out, &err);
+        CHECK_ERR(st, KVS_ERR_ARG, "batch of 8 prompt tokens exceeds the 4 the KV policy "
+                                   "hashevict:slots=4,sinks=0,recent=0 takes next");
+        kvs_kv_free(kv);
+    }
+    kvs_pool_destroy(pool);
+}
+
+static void shift_with_shadow(void)
+{
+    kvs_policy_spec spec;
+    kvs_error err = {0};
+    kvs_kv_config c = {L, NH, NKV, HD, CTX, KVS_F32, 1};
+    kvs_kv *kv = NULL;
+    parse("streaming:slots=8,shift=on", &spec);
+    CHECK(kvs_kv_new(&c, &spec, &kv, &err) == KVS_OK);
+    if (!kv)
+        return;
+    const kvs_rope_cfg rope = {HD, 10000.0f, 0};
+    int32_t delta = -1;
+    kvs_status st = kvs_kv_shift(kv, 20, &rope, &delta, &err);
+    CHECK_ERR(st, KVS_ERR_ARG, "position shifting cannot run with the attention recall");
+    CHECK(delta == 0);
+    kvs_kv_free(kv);
+}
+
+/* pqcache: a local window longer than the context is refused when the prompt begins, and a
+ * second prompt into the same cache (whose middle tokens would be lost with the tier). */
+static void pqcache(void)
+{
+    kvs_policy_spec spec;
+    kvs_error err = {0};
+    kvs_kv_config c = {L, NH, NKV, HD, CTX, KVS_F32, 0};
+    kvs_kv *kv = NULL;
+    parse("pqcache:budget=0.5,local=17", &spec);
+    CHECK(kvs_kv_new(&c, &spec, &kv, &err) == KVS_OK);
+    if (kv) {
+        kvs_status st = kvs_kv_begin_prompt(kv, 8, &err);
+        CHECK_ERR(st, KVS_ERR_ARG, "--kv pqcache:budget=0.5,local=17: local=17 exceeds the "
+                                   "context of 16 tokens");
+        kvs_kv_free(kv);
+    }
+    kv = NULL;
+    parse("pqcache:budget=0.5,init=1,local=2,bits=1", &spec);
+    kvs_pool *pool = kvs_pool_create(1);
+    CHECK(pool && kvs_kv_new(&c, &spec, &kv, &err) == KVS_OK);
+    if (kv && pool) {
+        CHECKF(kvs_kv_begin_prompt(kv, 8, &err) == KVS_OK, "%s", err.msg);
+        for (int l = 0; l < L; l++)
+            CHECKF(kvs_kv_layer(kv, pool, l, 8, q, k, v, pos, out, &err) == KVS_OK, "%s",
+                   err.msg);
+        kvs_kv_end_batch(kv, 8);
+        kvs_status st = kvs_kv_begin_prompt(kv, 8, &err);
+        CHECK_ERR(st, KVS_ERR_UNSUPPORTED, "pqcache takes one prompt per cache; the cache "
+                                           "already holds tokens");
+        CHECK(strstr(err.msg, "--kv pqcache:budget=0.5,init=1,local=2,bits=1") != NULL);
+    }
+    kvs_kv_free(kv);
+    kvs_pool_destroy(pool);
+}
+
+static void kivi(void)
+{
+    kvs_kivi_cfg kc;
+    kvs_error err = {0};
+    /* An item longer than the parser's buffer is refused whole, not cut into another value. */
+    char name[160];
+    memset(name, '1', sizeof name - 1);
+    name[sizeof name - 1] = 0;
+    memcpy(name, "kivi:kbits=", 11);
+    CHECK(kvs_kivi_parse(name, &kc, &err) == -1);
+    CHECKF(strstr(err.msg, "--kv-type kivi:kbits=111") && strstr(err.msg, "parameter too long"),
+           "%s", err.msg);
+
+    /* KIVI needs an empty F16 store: an F32 one, or an F16 one holding a token, is refused. */
+    CHECK(kvs_kivi_parse("kivi4", &kc, &err) == 1);
+    kvs_store_config sc = {1, 1, 32, 64, KVS_F32, 0};
+    kvs_store *s = kvs_store_new(&sc);
+    CHECK(s != NULL);
+    if (s) {
+        kvs_status st = kvs_store_set_kivi(s, &kc, &err);
+        CHECK_ERR(st, KVS_ERR_ARG, "KIVI storage needs an empty F16 store");
+        kvs_store_free(s);
+    }
+    sc.type = KVS_F16;
+    s = kvs_store_new(&sc);
+    CHECK(s != NULL);
+    if (s) {
+        float row[32] = {0};
+        int32_t p = 0;
+        CHECKF(kvs_store_append(s, 0, 1, row, row, &p, &err) == KVS_OK, "%s", err.msg);
+        kvs_status st = kvs_store_set_kivi(s, &kc, &err);
+        CHECK_ERR(st, KVS_ERR_ARG, "KIVI storage needs an empty F16 store");
+        kvs_store_free(s);
+    }
+}
+
+int main(void)
+{
+    fill();
+    config_checks();
+    budget_over_context();
+    layer_order();
+    shift_with_shadow();
+    pqcache();
+    kivi();
+    return check_summary("test_errors_kv");
+}
