@@ -1,8 +1,9 @@
 /* Error paths of the KV cache no other test reaches (issue 16): kvs_kv_new's configuration
  * checks, a budget above the context, kvs_kv_layer called out of order (before a prompt, a
  * decode batch, a batch past the prompt or past the policy's limit), shifting with the recall
- * shadow, pqcache's local window and second prompt, KIVI on the wrong store, an over-long --kv-type item, and the layer similarity of a
- * cache whose layers differ. Each asserts the status and that the message names the value. */
+ * shadow, pqcache's local window and second prompt, KIVI on the wrong store, an over-long
+ * --kv-type item, the layer similarity of a cache whose layers differ, a second prompt into a
+ * cache not reset (snapkv, nacl, hashevict), and minicache's layers out of order. Each asserts the status and that the message names the value. */
 #include <string.h>
 
 #include "check.h"
@@ -13,7 +14,7 @@
 #include "kv/kv_store.h"
 #include "policies/registry.h"
 
-enum { L = 2, NH = 2, NKV = 1, HD = 8, CTX = 16 };
+enum { L = 2, NH = 2, NKV = 1, HD = 8, CTX = 16, MAXT = 64 };
 
 #define CHECK_ERR(st_, want_st, needle)                                                      \
     CHECKF((st_) == (want_st) && strstr(err.msg, (needle)), "status %d, message '%s' (want %d, " \
@@ -82,8 +83,8 @@ static void budget_over_context(void)
     }
 }
 
-static float q[CTX * NH * HD], k[CTX * NKV * HD], v[CTX * NKV * HD], out[CTX * NH * HD];
-static int32_t pos[CTX];
+static float q[MAXT * NH * HD], k[MAXT * NKV * HD], v[MAXT * NKV * HD], out[MAXT * NH * HD];
+static int32_t pos[MAXT];
 
 static void fill(void)
 {
@@ -93,7 +94,7 @@ static void fill(void)
         k[i] = (float)((i * 5) % 13) / 13.0f - 0.5f;
         v[i] = (float)((i * 3) % 17) / 17.0f - 0.5f;
     }
-    for (int i = 0; i < CTX; i++)
+    for (int i = 0; i < MAXT; i++)
         pos[i] = i;
 }
 
@@ -204,6 +205,113 @@ static void pqcache(void)
     kvs_pool_destroy(pool);
 }
 
+/* Feeds a prompt of n tokens to every layer in the batches kvs_kv_prompt_batch gives, then
+ * decodes `decode` tokens; positions from *next on. The first failure's status. */
+static kvs_status feed(kvs_kv *kv, kvs_pool *pool, int layers, int n, int decode, int *next,
+                       kvs_error *err)
+{
+    kvs_status st = kvs_kv_begin_prompt(kv, n, err);
+    for (int done = 0; done < n && st == KVS_OK;) {
+        const int b = kvs_kv_prompt_batch(kv);
+        for (int l = 0; l < layers && st == KVS_OK; l++)
+            st = kvs_kv_layer(kv, pool, l, b, q, k, v, pos + *next + done, out, err);
+        kvs_kv_end_batch(kv, b);
+        done += b;
+    }
+    *next += n;
+    for (int d = 0; d < decode && st == KVS_OK; d++) {
+        for (int l = 0; l < layers && st == KVS_OK; l++)
+            st = kvs_kv_layer(kv, pool, l, 1, q, k, v, pos + *next, out, err);
+        kvs_kv_end_batch(kv, 1);
+        ++*next;
+    }
+    return st;
+}
+
+/* A second prompt into a cache that still holds the first (no kvs_kv_reset; the session
+ * always resets): the policies that score or place the prompt refuse the slots from before it
+ * instead of reading past their per-prompt arrays. */
+static void second_prompt(void)
+{
+    static const struct {
+        const char *spec, *want;
+    } cases[] = {
+        /* policy.c: the window scores of snapkv (and the other scorer policies) */
+        {"snapkv:slots=8", "--kv snapkv:slots=8: 27 slots for a prompt of 16 tokens"},
+        {"nacl:slots=8", "--kv nacl:slots=8: 27 slots at the end of a prompt of 16 tokens"},
+        {"hashevict:slots=8,sinks=0,recent=0",
+         "a prompt batch of 8 tokens overflows the 8 slots"},
+    };
+    kvs_pool *pool = kvs_pool_create(1);
+    CHECK(pool != NULL);
+    for (size_t i = 0; pool && i < sizeof cases / sizeof *cases; i++) {
+        kvs_policy_spec spec;
+        kvs_error err = {0};
+        kvs_kv_config c = {L, NH, NKV, HD, MAXT, KVS_F32, 0};
+        kvs_kv *kv = NULL;
+        parse(cases[i].spec, &spec);
+        if (kvs_kv_new(&c, &spec, &kv, &err) != KVS_OK) {
+            CHECKF(0, "%s: %s", cases[i].spec, err.msg);
+            continue;
+        }
+        int next = 0;
+        /* The first prompt and 3 decoded tokens run; the second prompt is refused. */
+        kvs_status st = feed(kv, pool, L, 16, 3, &next, &err);
+        CHECKF(st == KVS_OK, "%s: %s", cases[i].spec, err.msg);
+        st = feed(kv, pool, L, 16, 0, &next, &err);
+        CHECK_ERR(st, KVS_ERR_ARG, cases[i].want);
+        kvs_kv_free(kv);
+    }
+    kvs_pool_destroy(pool);
+}
+
+/* minicache merges layer pairs (here (2, 3) of 4 layers): prompt batches fed to a layer twice,
+ * a pair whose layers saw different prompt lengths, and a decode step that runs the pair's
+ * second layer first are refused, naming the layers. */
+static void minicache_order(void)
+{
+    enum { ML = 4 };
+    kvs_policy_spec spec;
+    kvs_error err = {0};
+    kvs_kv_config c = {ML, NH, NKV, HD, CTX, KVS_F32, 0};
+    kvs_pool *pool = kvs_pool_create(1);
+    parse("minicache", &spec);
+    kvs_kv *kv = NULL;
+    CHECK(pool && kvs_kv_new(&c, &spec, &kv, &err) == KVS_OK);
+    if (!kv || !pool) {
+        kvs_kv_free(kv);
+        kvs_pool_destroy(pool);
+        return;
+    }
+    /* Layer 2 fed the whole prompt twice within one batch. */
+    CHECK(kvs_kv_begin_prompt(kv, 8, &err) == KVS_OK);
+    kvs_status st = kvs_kv_layer(kv, pool, 2, 8, q, k, v, pos, out, &err);
+    CHECKF(st == KVS_OK, "%s", err.msg);
+    st = kvs_kv_layer(kv, pool, 2, 8, q, k, v, pos + 8, out, &err);
+    CHECK_ERR(st, KVS_ERR_ARG, "minicache: layer 2 got 8 prompt tokens after 8, more than the "
+                               "prompt's 8");
+
+    /* Layer 2 half the prompt, layer 3 all of it: the pair's lengths differ at the merge. */
+    kvs_kv_reset(kv);
+    CHECK(kvs_kv_begin_prompt(kv, 8, &err) == KVS_OK);
+    CHECKF(kvs_kv_layer(kv, pool, 2, 4, q, k, v, pos, out, &err) == KVS_OK, "%s", err.msg);
+    st = kvs_kv_layer(kv, pool, 3, 8, q, k, v, pos, out, &err);
+    CHECK_ERR(st, KVS_ERR_ARG, "minicache: pair (2, 3) saw 4 and 8 prompt tokens");
+
+    /* A decode step that runs layer 3 before layer 2. */
+    kvs_kv_reset(kv);
+    int next = 0;
+    CHECKF(feed(kv, pool, ML, 8, 1, &next, &err) == KVS_OK, "%s", err.msg);
+    st = kvs_kv_layer(kv, pool, 0, 1, q, k, v, pos + next, out, &err);
+    if (st == KVS_OK)
+        st = kvs_kv_layer(kv, pool, 1, 1, q, k, v, pos + next, out, &err);
+    CHECKF(st == KVS_OK, "%s", err.msg);
+    st = kvs_kv_layer(kv, pool, 3, 1, q, k, v, pos + next, out, &err);
+    CHECK_ERR(st, KVS_ERR_ARG, "minicache: layer 3 ran before layer 2 in a decode step");
+    kvs_kv_free(kv);
+    kvs_pool_destroy(pool);
+}
+
 static void kivi(void)
 {
     kvs_kivi_cfg kc;
@@ -248,6 +356,8 @@ int main(void)
     layer_order();
     shift_with_shadow();
     pqcache();
+    second_prompt();
+    minicache_order();
     kivi();
     return check_summary("test_errors_kv");
 }
