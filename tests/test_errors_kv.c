@@ -3,7 +3,8 @@
  * decode batch, a batch past the prompt or past the policy's limit), shifting with the recall
  * shadow, pqcache's local window and second prompt, KIVI on the wrong store, an over-long
  * --kv-type item, the layer similarity of a cache whose layers differ, a second prompt into a
- * cache not reset (snapkv, nacl, hashevict), and minicache's layers out of order. Each asserts the status and that the message names the value. */
+ * cache not reset (snapkv, nacl, hashevict), and minicache's layers out of order. Each asserts
+ * the status and that the message names the value. */
 #include <string.h>
 
 #include "check.h"
