@@ -3,13 +3,15 @@
  * decode batch, a batch past the prompt or past the policy's limit), shifting with the recall
  * shadow, pqcache's local window and second prompt, KIVI on the wrong store, an over-long
  * --kv-type item, the layer similarity of a cache whose layers differ, a second prompt into a
- * cache not reset (snapkv, nacl, hashevict), and minicache's layers out of order. Each asserts
+ * cache not reset (snapkv, nacl, hashevict), minicache's layers out of order, and a restored
+ * attention view of two rows. Each asserts
  * the status and that the message names the value. */
 #include <string.h>
 
 #include "check.h"
 #include "core/threadpool.h"
 #include "eval/layer_similarity.h"
+#include "kv/attention.h"
 #include "kv/kivi.h"
 #include "kv/kv.h"
 #include "kv/kv_store.h"
@@ -313,6 +315,36 @@ static void minicache_order(void)
     kvs_pool_destroy(pool);
 }
 
+/* The restored view (MiniCache's, a tail slot or scales) takes one query row and none of the
+ * row outputs: asking for more is an argument error, not a silent wrong answer. */
+static void restored_view(void)
+{
+    kvs_error err = {0};
+    kvs_store_config sc = {1, NKV, HD, 8, KVS_F32, 0};
+    kvs_store *s = kvs_store_new(&sc);
+    kvs_pool *pool = kvs_pool_create(1);
+    kvs_attn_scratch *scr = kvs_attn_scratch_new();
+    CHECK(s && pool && scr);
+    if (s && pool && scr) {
+        CHECKF(kvs_store_append(s, 0, 4, k, v, pos, &err) == KVS_OK, "%s", err.msg);
+        const int32_t qpos[2] = {4, 5};
+        kvs_attn_args a = {.store = s, .layer = 0, .n_heads = NH, .n = 2, .q = q, .qpos = qpos,
+                           .out = out, .tail_k = k, .tail_v = v};
+        kvs_status st = kvs_attention(pool, scr, &a, &err);
+        CHECK_ERR(st, KVS_ERR_ARG, "attention: a restored view takes one query row");
+        a.n = 1;
+        CHECKF(kvs_attention(pool, scr, &a, &err) == KVS_OK, "%s", err.msg);
+        float probs[NH * 8];
+        a.probs = probs;
+        a.probs_stride = 8;
+        st = kvs_attention(pool, scr, &a, &err);
+        CHECK_ERR(st, KVS_ERR_ARG, "without a selection, probabilities or column sums");
+    }
+    kvs_attn_scratch_free(scr);
+    kvs_pool_destroy(pool);
+    kvs_store_free(s);
+}
+
 static void kivi(void)
 {
     kvs_kivi_cfg kc;
@@ -359,6 +391,7 @@ int main(void)
     pqcache();
     second_prompt();
     minicache_order();
+    restored_view();
     kivi();
     return check_summary("test_errors_kv");
 }
