@@ -233,7 +233,9 @@ static kvs_status feed(kvs_kv *kv, kvs_pool *pool, int layers, int n, int decode
 
 /* A second prompt into a cache that still holds the first (no kvs_kv_reset; the session
  * always resets): the policies that score or place the prompt refuse the slots from before it
- * instead of reading past their per-prompt arrays. */
+ * instead of reading past their per-prompt arrays. hashevict's message named only a batch
+ * larger than kvs_kv_prompt_batch, which kvs_kv_layer already refuses (and this one is not):
+ * it now names the tokens from before the prompt first. */
 static void second_prompt(void)
 {
     static const struct {
@@ -243,7 +245,8 @@ static void second_prompt(void)
         {"snapkv:slots=8", "--kv snapkv:slots=8: 27 slots for a prompt of 16 tokens"},
         {"nacl:slots=8", "--kv nacl:slots=8: 27 slots at the end of a prompt of 16 tokens"},
         {"hashevict:slots=8,sinks=0,recent=0",
-         "a prompt batch of 8 tokens overflows the 8 slots"},
+         "a prompt batch of 8 tokens overflows the 8 slots (the cache holds tokens from "
+         "before this prompt"},
     };
     kvs_pool *pool = kvs_pool_create(1);
     CHECK(pool != NULL);
