@@ -1,9 +1,10 @@
 /* Error paths of the eval harness and core utilities no other test reaches (issue 16): the
- * setup checks of kvs_eval_check_setup (too few tokens, more than the context, no threads), a
- * policy run without a reference, the op-count model's shape and tail limits and its over-long
- * --kv, the plan/types builders' NULL arguments, a recall prompt without a question, a plot
- * of nothing, and the output-file API's NULL path and commit
- * of a file never opened. Each asserts the status and the value the message names. */
+ * setup checks of kvs_eval_check_setup (too few tokens, more than the context, a negative id, no
+ * threads), a policy run without a reference, the op-count model's limits (shape, context,
+ * budget, tail, MPCache configuration, gather table) and its over-long --kv, the plan/types
+ * builders' NULL arguments, a recall prompt without a question, a plot of nothing, and the
+ * output-file API's NULL path and commit of a file never opened. Each asserts the status and
+ * the value the message names. */
 #include <string.h>
 
 #include "check.h"
@@ -49,7 +50,13 @@ static void eval_setup(void)
              info.n_ctx);
     CHECK_ERR(st, KVS_ERR_ARG, want);
 
+    /* A negative id (the other end of the vocabulary check), named by its 1-based place. */
     s.n_tokens = 16;
+    tokens[5] = -1;
+    st = kvs_eval_check_setup(m, &s, &err);
+    CHECK_ERR(st, KVS_ERR_ARG, "token id -1 (token 6 of the file) is outside the vocabulary");
+    tokens[5] = 1;
+
     s.n_threads = 0;
     st = kvs_eval_check_setup(m, &s, &err);
     CHECK_ERR(st, KVS_ERR_ARG, "threads must be >= 1, got 0");
@@ -83,6 +90,16 @@ static void opcount(void)
     st = kvs_opcount_shape_check(&sh, &err);
     CHECK_ERR(st, KVS_ERR_ARG, "head_dim=0: expected 1 to 1024");
 
+    sh = (kvs_opcount_shape){513, 8, 2, 64};
+    st = kvs_opcount_shape_check(&sh, &err);
+    CHECK_ERR(st, KVS_ERR_ARG, "layers=513: expected 1 to 512");
+    sh = (kvs_opcount_shape){4, 8, 0, 64};
+    st = kvs_opcount_shape_check(&sh, &err);
+    CHECK_ERR(st, KVS_ERR_ARG, "kv_heads=0: expected a divisor of heads=8");
+    sh.n_kv_heads = 16;
+    st = kvs_opcount_shape_check(&sh, &err);
+    CHECK_ERR(st, KVS_ERR_ARG, "kv_heads=16: expected a divisor of heads=8");
+
     /* The tail is checked after the shape, context and budget. */
     kvs_opcount_input in;
     memset(&in, 0, sizeof in);
@@ -96,6 +113,51 @@ static void opcount(void)
     in.tail = (1 << 20) + 1;
     st = kvs_opcount_rows(&in, rows, &err);
     CHECK_ERR(st, KVS_ERR_ARG, "tail 1048577: expected 0 to 1048576");
+    in.tail = 1;
+    in.ctx = (1 << 20) + 1;
+    st = kvs_opcount_rows(&in, rows, &err);
+    CHECK_ERR(st, KVS_ERR_ARG, "context 1048577: expected 1 to 1048576");
+    in.ctx = 1024;
+    in.budget = 1.5;
+    st = kvs_opcount_rows(&in, rows, &err);
+    CHECK_ERR(st, KVS_ERR_ARG, "budget 1.5: expected a fraction in (0, 1]");
+    in.budget = 0.25;
+    /* The MPCache configuration, one bad field at a time (valid: s1 16, s2 4, keep 0.5,
+     * levels 2, skip 0). */
+    static const struct {
+        int s1, s2;
+        double keep;
+        int levels, skip;
+    } bad[] = {{16, 0, 0.5, 2, 0}, {2, 4, 0.5, 2, 0},  {18, 4, 0.5, 2, 0}, {16, 4, 0, 2, 0},
+               {16, 4, 1.5, 2, 0}, {16, 4, 0.5, 3, 0}, {16, 4, 0.5, 2, -1}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        in.cfg.s1 = bad[i].s1;
+        in.cfg.s2 = bad[i].s2;
+        in.cfg.keep = bad[i].keep;
+        in.cfg.levels = bad[i].levels;
+        in.cfg.skip = bad[i].skip;
+        char want[128];
+        snprintf(want, sizeof want, "(got s1 %d, s2 %d, keep %g, levels %d, skip %d)",
+                 bad[i].s1, bad[i].s2, bad[i].keep, bad[i].levels, bad[i].skip);
+        st = kvs_opcount_rows(&in, rows, &err);
+        CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "mpcache configuration: need") &&
+               strstr(err.msg, want), "case %zu: %d %s", i, st, err.msg);
+    }
+
+    /* The gather table's limits, each bound. */
+    static const struct {
+        int T, C;
+        double frac;
+    } g[] = {{1, 4, 0.5}, {(1 << 20) + 1, 4, 0.5}, {64, 1, 0.5}, {64, (1 << 20) + 1, 0.5},
+             {64, 4, 0}, {64, 4, 1.5}};
+    for (size_t i = 0; i < sizeof g / sizeof *g; i++) {
+        kvs_opcount_gather out;
+        char want[96];
+        snprintf(want, sizeof want, "(got T %d, C %d, %g)", g[i].T, g[i].C, g[i].frac);
+        st = kvs_opcount_gather_table(g[i].T, g[i].C, g[i].frac, &out, &err);
+        CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "gather table: need 2 <= T, C <= 1048576") &&
+               strstr(err.msg, want), "case %zu: %d %s", i, st, err.msg);
+    }
 
     /* A --kv without a budget gets ",budget=1.0" appended; one too long for that is refused
      * with its first 200 characters quoted. */

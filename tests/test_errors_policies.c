@@ -1,8 +1,8 @@
 /* Error paths of the KV policies no other test reaches (issue 16): the --kv spec parser's
  * malformed items, a repeated or over-long path parameter and an over-long canonical text; the
- * product quantiser's argument checks; MPCache's static keep on an empty prompt; and the slow
- * tier's over-long path and unreservable size. Each asserts the status and that the message
- * names the spec, key or value at fault. */
+ * product quantiser's argument checks; MPCache's math on bad arguments (an empty prompt, clause
+ * by clause); and the slow tier's bad sizes, over-long path and unreservable size. Each
+ * asserts the status and that the message names the spec, key or value at fault. */
 #include <stdint.h>
 #include <string.h>
 
@@ -88,6 +88,8 @@ static void pq_args(void)
            "%d %s", st, err.msg);
     st = kvs_pq_kmeans(x, 4, 2, 2, 257, 1, 0, 1, cent, codes, NULL, NULL, &err);
     CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "into 257 clusters"), "%d %s", st, err.msg);
+    st = kvs_pq_kmeans(x, 4, 2, 2, 0, 1, 0, 1, cent, codes, NULL, NULL, &err);
+    CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "into 0 clusters"), "%d %s", st, err.msg);
     st = kvs_pq_kmeans(x, 4, 2, 0, 2, 1, 0, 1, cent, codes, NULL, NULL, &err);
     CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "of 0 floats"), "%d %s", st, err.msg);
 
@@ -121,6 +123,57 @@ static void mpcache_static(void)
     CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "bad arguments (P 1)"), "%d %s", st, err.msg);
     st = kvs_mp_static_keep(q, 1, k, 1, 4, 0.5, 0.5, keep, NULL, &err);
     CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "static keep"), "%d %s", st, err.msg);
+
+    /* The other entry points' argument checks, one clause at a time: each refusal quotes the
+     * counts it was given. */
+    double score[4] = {0};
+    int idx[4];
+    static const struct {
+        int n, k, null_score, null_idx;
+    } topk[] = {{-1, 0, 0, 0}, {4, -1, 0, 0}, {4, 5, 0, 0}, {4, 1, 1, 0}, {4, 1, 0, 1}};
+    for (size_t i = 0; i < sizeof topk / sizeof *topk; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "mpcache top-k: bad arguments (n %d, k %d)", topk[i].n,
+                 topk[i].k);
+        st = kvs_mp_topk_asc(topk[i].null_score ? NULL : score, topk[i].n, topk[i].k,
+                             topk[i].null_idx ? NULL : idx, &err);
+        CHECKF(st == KVS_ERR_ARG && strstr(err.msg, want), "case %zu: %d %s", i, st, err.msg);
+    }
+    static const struct {
+        int G, w, P, d, null_q;
+    } ss[] = {{1, 1, 1, 4, 1}, {0, 1, 1, 4, 0}, {1, 1, 1, 0, 0}, {1, 1, 0, 4, 0},
+              {1, 0, 1, 4, 0}, {1, 2, 1, 4, 0}};
+    for (size_t i = 0; i < sizeof ss / sizeof *ss; i++) {
+        char want[80];
+        snprintf(want, sizeof want, "mpcache static scores: bad arguments (G %d, w %d, P %d, "
+                 "d %d)", ss[i].G, ss[i].w, ss[i].P, ss[i].d);
+        st = kvs_mp_static_scores(ss[i].null_q ? NULL : q, ss[i].G, ss[i].w, k, ss[i].P, ss[i].d,
+                                  score, &err);
+        CHECKF(st == KVS_ERR_ARG && strstr(err.msg, want), "case %zu: %d %s", i, st, err.msg);
+    }
+    static const struct {
+        int n, s1, s2;
+        double rho1, eta;
+        const char *want;
+    } sel[] = {{0, 4, 2, 0.5, 0.5, "(n 0, s1 4, s2 2, rho1 0.5, eta 0.5)"},
+               {8, 4, 0, 0.5, 0.5, "(n 8, s1 4, s2 0,"},
+               {8, 2, 4, 0.5, 0.5, "(n 8, s1 2, s2 4,"},
+               {8, 6, 4, 0.5, 0.5, "(n 8, s1 6, s2 4,"},
+               {8, 4, 2, 0, 0.5, "rho1 0, eta 0.5)"},
+               {8, 4, 2, 1.5, 0.5, "rho1 1.5, eta 0.5)"},
+               {8, 4, 2, 0.5, 0, "rho1 0.5, eta 0)"},
+               {8, 4, 2, 0.5, 2, "rho1 0.5, eta 2)"}};
+    double sc1[8] = {0}, sc2[8] = {0};
+    int fine[8], n_fine, slots[8], n_slots;
+    for (size_t i = 0; i < sizeof sel / sizeof *sel; i++) {
+        st = kvs_mp_select(sc1, sc2, sel[i].n, sel[i].s1, sel[i].s2, sel[i].rho1, sel[i].eta, 0,
+                           fine, &n_fine, slots, &n_slots, &err);
+        CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "mpcache select: bad arguments ") &&
+               strstr(err.msg, sel[i].want), "case %zu: %d %s", i, st, err.msg);
+    }
+    st = kvs_mp_select(NULL, sc2, 8, 4, 2, 0.5, 0.5, 0, fine, &n_fine, slots, &n_slots, &err);
+    CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "mpcache select: bad arguments"), "%d %s", st,
+           err.msg);
 }
 
 static void tier(void)
@@ -131,7 +184,13 @@ static void tier(void)
     static char path[5000];
     memset(path, 'a', sizeof path - 1);
     path[0] = '/';
-    kvs_status st = kvs_tier_open(path, 1, 4096, &t, &err);
+    kvs_status st = kvs_tier_open(NULL, 0, 4096, &t, &err);
+    CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "slow tier of 0 regions of 4096 bytes"), "%d %s",
+           st, err.msg);
+    st = kvs_tier_open(NULL, 2, 0, &t, &err);
+    CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "slow tier of 2 regions of 0 bytes"), "%d %s", st,
+           err.msg);
+    st = kvs_tier_open(path, 1, 4096, &t, &err);
     CHECKF(st == KVS_ERR_ARG && t == NULL && strstr(err.msg, "the path is too long"), "%d %s", st,
            err.msg);
 
