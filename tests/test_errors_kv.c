@@ -173,6 +173,30 @@ static void shift_with_shadow(void)
     kvs_kv_free(kv);
 }
 
+/* Layers holding as many tokens but at other positions are as different as layers holding
+ * other counts: the layer similarity compares the positions, not just their number. */
+static void similarity_positions(void)
+{
+    kvs_policy_spec spec;
+    kvs_error err = {0};
+    kvs_kv_config c = {L, NH, NKV, HD, CTX, KVS_F32, 0};
+    kvs_kv *kv = NULL;
+    kvs_pool *pool = kvs_pool_create(1);
+    parse("full", &spec);
+    CHECK(pool && kvs_kv_new(&c, &spec, &kv, &err) == KVS_OK);
+    if (kv && pool) {
+        CHECK(kvs_kv_begin_prompt(kv, 4, &err) == KVS_OK);
+        CHECKF(kvs_kv_layer(kv, pool, 0, 4, q, k, v, pos, out, &err) == KVS_OK, "%s", err.msg);
+        CHECKF(kvs_kv_layer(kv, pool, 1, 4, q, k, v, pos + 4, out, &err) == KVS_OK, "%s",
+               err.msg);
+        kvs_layer_sim sim[L];
+        kvs_status st = kvs_layer_similarity(kv, sim, &err);
+        CHECK_ERR(st, KVS_ERR_ARG, "layer similarity needs a full cache: layer 1 head 0 holds");
+    }
+    kvs_kv_free(kv);
+    kvs_pool_destroy(pool);
+}
+
 /* pqcache: a local window longer than the context is refused when the prompt begins, and a
  * second prompt into the same cache (whose middle tokens would be lost with the tier). */
 static void pqcache(void)
@@ -391,6 +415,7 @@ int main(void)
     budget_over_context();
     layer_order();
     shift_with_shadow();
+    similarity_positions();
     pqcache();
     second_prompt();
     minicache_order();
