@@ -3,8 +3,9 @@
  * decode batch, a batch past the prompt or past the policy's limit), shifting with the recall
  * shadow, pqcache's local window and second prompt, KIVI on the wrong store, an over-long
  * --kv-type item, the layer similarity of a cache whose layers differ, a second prompt into a
- * cache not reset (snapkv, nacl, hashevict), minicache's layers out of order, and a restored
- * attention view of two rows. Each asserts
+ * cache not reset (snapkv, nacl, hashevict), minicache's layers out of order, MPCache layers
+ * fed other positions than the layer they share with, and a restored attention view of two
+ * rows. Each asserts
  * the status and that the message names the value. */
 #include <string.h>
 
@@ -192,6 +193,31 @@ static void similarity_positions(void)
         kvs_layer_sim sim[L];
         kvs_status st = kvs_layer_similarity(kv, sim, &err);
         CHECK_ERR(st, KVS_ERR_ARG, "layer similarity needs a full cache: layer 1 head 0 holds");
+    }
+    kvs_kv_free(kv);
+    kvs_pool_destroy(pool);
+}
+
+/* MPCache's sharing layers keep the positions their partner kept; layers fed other positions
+ * than their partner (all layers must see the same tokens) are refused, not mismatched. */
+static void mpcache_share(void)
+{
+    enum { ML = 4, N = 16 };
+    kvs_policy_spec spec;
+    kvs_error err = {0};
+    kvs_kv_config c = {ML, NH, NKV, HD, MAXT, KVS_F32, 0};
+    kvs_kv *kv = NULL;
+    kvs_pool *pool = kvs_pool_create(1);
+    parse("mpcache:budget=0.5,skip=0,share=on", &spec);
+    CHECK(pool && kvs_kv_new(&c, &spec, &kv, &err) == KVS_OK);
+    if (kv && pool) {
+        CHECKF(kvs_kv_begin_prompt(kv, N, &err) == KVS_OK, "%s", err.msg);
+        kvs_status st = KVS_OK;
+        for (int l = 0; l < ML && st == KVS_OK; l++) /* layer l at positions 16 l .. 16 l + 15 */
+            st = kvs_kv_layer(kv, pool, l, N, q, k, v, pos + N * l, out, &err);
+        CHECK_ERR(st, KVS_ERR_ARG, "--kv mpcache:budget=0.5,skip=0,share=on: layer ");
+        CHECKF(strstr(err.msg, "cannot share layer") && strstr(err.msg, "(0 found)"), "%s",
+               err.msg);
     }
     kvs_kv_free(kv);
     kvs_pool_destroy(pool);
@@ -416,6 +442,7 @@ int main(void)
     layer_order();
     shift_with_shadow();
     similarity_positions();
+    mpcache_share();
     pqcache();
     second_prompt();
     minicache_order();
