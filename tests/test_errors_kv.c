@@ -4,8 +4,8 @@
  * shadow, pqcache's local window and second prompt, KIVI on the wrong store, an over-long
  * --kv-type item, the layer similarity of a cache whose layers differ, a second prompt into a
  * cache not reset (snapkv, nacl, hashevict), minicache's layers out of order, MPCache layers
- * fed other positions than the layer they share with, and a restored attention view of two
- * rows. Each asserts
+ * fed other positions than the layer they share with, an empty NACL proxy span, and a restored
+ * attention view of two rows. Each asserts
  * the status and that the message names the value. */
 #include <string.h>
 
@@ -218,6 +218,28 @@ static void mpcache_share(void)
         CHECK_ERR(st, KVS_ERR_ARG, "--kv mpcache:budget=0.5,skip=0,share=on: layer ");
         CHECKF(strstr(err.msg, "cannot share layer") && strstr(err.msg, "(0 found)"), "%s",
                err.msg);
+    }
+    kvs_kv_free(kv);
+    kvs_pool_destroy(pool);
+}
+
+/* NACL's explicit proxy span must be a non-empty span inside the prompt: begin at or after
+ * its end is refused when the prompt begins, with the span and the prompt length. */
+static void nacl_proxy_span(void)
+{
+    kvs_policy_spec spec;
+    kvs_error err = {0};
+    kvs_kv_config c = {L, NH, NKV, HD, CTX, KVS_F32, 0};
+    kvs_kv *kv = NULL;
+    kvs_pool *pool = kvs_pool_create(1);
+    parse("nacl:slots=4,proxy_begin=6,proxy_end=6", &spec);
+    CHECK(pool && kvs_kv_new(&c, &spec, &kv, &err) == KVS_OK);
+    if (kv && pool) {
+        kvs_status st = kvs_kv_begin_prompt(kv, 8, &err);
+        for (int l = 0; l < L && st == KVS_OK; l++)
+            st = kvs_kv_layer(kv, pool, l, 8, q, k, v, pos, out, &err);
+        CHECK_ERR(st, KVS_ERR_ARG, "proxy span [6, 6) is not a non-empty span inside the "
+                                   "prompt of 8 tokens");
     }
     kvs_kv_free(kv);
     kvs_pool_destroy(pool);
@@ -443,6 +465,7 @@ int main(void)
     shift_with_shadow();
     similarity_positions();
     mpcache_share();
+    nacl_proxy_span();
     pqcache();
     second_prompt();
     minicache_order();

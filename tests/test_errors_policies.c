@@ -34,6 +34,17 @@ static void spec_parser(void)
     CHECK(refused("h2o:budget=0.5,sinks", "'sinks' is not key=value", "h2o:budget=0.5,sinks"));
     CHECK(refused("h2o:budget=0.5,,slots", "'slots' is not key=value", NULL));
 
+    /* A percentage too long for the parser's buffer is refused as malformed, not cut. */
+    {
+        char pct[120];
+        memset(pct, '1', sizeof pct);
+        memcpy(pct, "h2o:budget=0.", 13);
+        pct[sizeof pct - 2] = '%';
+        pct[sizeof pct - 1] = 0;
+        CHECK(refused(pct, "a percentage of the prompt must be a decimal number in (0, 100]",
+                      "h2o:budget=0.111"));
+    }
+
     /* pqcache's path parameter: given twice is refused like any other key. */
     CHECK(refused("pqcache:budget=0.5,tier=/tmp/a,tier=/tmp/b", "tier is given twice", NULL));
 
