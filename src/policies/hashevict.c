@@ -469,7 +469,8 @@ kvs_status kvs_he_prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kv
             first--;
         if (*filled + (n - first) > C)
             return kvs_fail(err, KVS_ERR_ARG, "--kv %s: a prompt batch of %d tokens overflows "
-                            "the %d slots (prompt batches must follow kvs_kv_prompt_batch)",
+                            "the %d slots (the cache holds tokens from before this prompt, or "
+                            "the batch is larger than kvs_kv_prompt_batch)",
                             p->spec.user, c->n, C);
         for (int i = first; i < n; i++) {
             kvs_store_key_f32(p->store, layer, h, i, key);
