@@ -1,0 +1,417 @@
+/* Error paths of model loading and writing (issue 16): each malformed hyperparameter, tensor
+ * or argument that the loaders, the llama2.c converter, the synthetic writer, the GGUF writer
+ * and the session API refuse, with the status and the part of the message that names the key,
+ * tensor, file or argument at fault. test_model.c covers the structural defects (missing or
+ * misshapen tensors, unknown architecture, block counts); this covers the rest. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "gguf/gguf.h"
+#include "kvslim.h"
+#include "model/llama_write.h"
+
+enum { DIM = 32, HIDDEN = 64, LAYERS = 1, HEADS = 4, KV = 2, VOCAB = 40, CTX = 64 };
+
+static float zeros[VOCAB * DIM + DIM * HIDDEN];
+static float ones[DIM];
+
+/* What a case changes in the otherwise valid model below. */
+typedef struct tweak {
+    void (*keys)(kvs_gguf_writer *w); /* called after the default keys (a key set twice is
+                                       * replaced) */
+    int emb_cols;                     /* token_embd.weight row length (0: DIM) */
+    int n_tokens;                     /* tokenizer entries (0: VOCAB) */
+    const float *rope_freqs;          /* write rope_freqs.weight (DIM / HEADS / 2 factors) */
+} tweak;
+
+static void add(kvs_gguf_writer *w, const char *name, int rows, int cols, const float *data)
+{
+    uint64_t dims[2] = {(uint64_t)cols, (uint64_t)rows};
+    kvs_error err;
+    kvs_status st = kvs_gguf_add_tensor(w, name, KVS_F32, rows == 1 ? 1 : 2, dims, data, &err);
+    CHECKF(st == KVS_OK, "%s: %s", name, err.msg);
+}
+
+static kvs_status write_model(const char *path, const tweak *t)
+{
+    kvs_gguf_writer *w = kvs_gguf_writer_new();
+    kvs_gguf_set_str(w, "general.architecture", "llama");
+    kvs_gguf_set_u32(w, "llama.context_length", CTX);
+    kvs_gguf_set_u32(w, "llama.embedding_length", DIM);
+    kvs_gguf_set_u32(w, "llama.feed_forward_length", HIDDEN);
+    kvs_gguf_set_u32(w, "llama.block_count", LAYERS);
+    kvs_gguf_set_u32(w, "llama.attention.head_count", HEADS);
+    kvs_gguf_set_u32(w, "llama.attention.head_count_kv", KV);
+    if (t->keys)
+        t->keys(w);
+    const int n_tok = t->n_tokens ? t->n_tokens : VOCAB;
+    const char *pieces[VOCAB];
+    char names[VOCAB][16];
+    int32_t types[VOCAB];
+    for (int i = 0; i < n_tok; i++) {
+        snprintf(names[i], sizeof names[i], i < 3 ? "<c%d>" : "p%d", i);
+        pieces[i] = names[i];
+        types[i] = i < 3 ? 3 : 1;
+    }
+    kvs_gguf_set_str(w, "tokenizer.ggml.model", "llama");
+    kvs_gguf_set_arr_str(w, "tokenizer.ggml.tokens", pieces, (uint64_t)n_tok);
+    kvs_gguf_set_arr_f32(w, "tokenizer.ggml.scores", zeros, (uint64_t)n_tok);
+    kvs_gguf_set_arr_i32(w, "tokenizer.ggml.token_type", types, (uint64_t)n_tok);
+    kvs_gguf_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
+    kvs_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
+    add(w, "token_embd.weight", VOCAB, t->emb_cols ? t->emb_cols : DIM, zeros);
+    add(w, "output_norm.weight", 1, DIM, ones);
+    if (t->rope_freqs)
+        add(w, "rope_freqs.weight", 1, DIM / HEADS / 2, t->rope_freqs);
+    char name[64];
+    for (int l = 0; l < LAYERS; l++) {
+#define N(s) (snprintf(name, sizeof name, "blk.%d.%s", l, s), name)
+        add(w, N("attn_norm.weight"), 1, DIM, ones);
+        add(w, N("attn_q.weight"), DIM, DIM, zeros);
+        add(w, N("attn_k.weight"), DIM / HEADS * KV, DIM, zeros);
+        add(w, N("attn_v.weight"), DIM / HEADS * KV, DIM, zeros);
+        add(w, N("attn_output.weight"), DIM, DIM, zeros);
+        add(w, N("ffn_norm.weight"), 1, DIM, ones);
+        add(w, N("ffn_gate.weight"), HIDDEN, DIM, zeros);
+        add(w, N("ffn_up.weight"), HIDDEN, DIM, zeros);
+        add(w, N("ffn_down.weight"), DIM, HIDDEN, zeros);
+#undef N
+    }
+    kvs_error err;
+    kvs_status st = kvs_gguf_write(w, path, &err);
+    kvs_gguf_writer_free(w);
+    return st;
+}
+
+/* Writes the tweaked model, loads it and checks the status and that the message names the
+ * file and contains want. */
+static void expect_load(const char *path, const tweak *t, kvs_status code, const char *want,
+                        int line)
+{
+    CHECKF(write_model(path, t) == KVS_OK, "line %d: cannot write %s", line, path);
+    kvs_model *m = NULL;
+    kvs_error err = {0};
+    kvs_status st = kvs_model_load(path, &m, &err);
+    CHECKF(st == code && !m && strstr(err.msg, path) && strstr(err.msg, want),
+           "line %d: status %d (want %d), msg '%s' (want '%s')", line, st, code, err.msg, want);
+    kvs_model_free(m);
+}
+#define EXPECT_LOAD(t, code, want) expect_load(path, t, code, want, __LINE__)
+
+/* ---- hyperparameter defects ---- */
+static void k_dim0(kvs_gguf_writer *w) { kvs_gguf_set_u32(w, "llama.embedding_length", 0); }
+static void k_ctx0(kvs_gguf_writer *w) { kvs_gguf_set_u32(w, "llama.context_length", 0); }
+static void k_keylen0(kvs_gguf_writer *w) { kvs_gguf_set_u32(w, "llama.attention.key_length", 0); }
+static void k_heads5(kvs_gguf_writer *w)
+{
+    kvs_gguf_set_u32(w, "llama.attention.head_count", 5);
+    kvs_gguf_set_u32(w, "llama.attention.head_count_kv", 5);
+}
+static void k_vlen(kvs_gguf_writer *w) { kvs_gguf_set_u32(w, "llama.attention.value_length", 4); }
+static void k_rot_odd(kvs_gguf_writer *w) { kvs_gguf_set_u32(w, "llama.rope.dimension_count", 3); }
+static void k_rot_wide(kvs_gguf_writer *w) { kvs_gguf_set_u32(w, "llama.rope.dimension_count", 10); }
+static void k_eps0(kvs_gguf_writer *w)
+{
+    kvs_gguf_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 0.0f);
+}
+static void k_base1(kvs_gguf_writer *w) { kvs_gguf_set_f32(w, "llama.rope.freq_base", 1.0f); }
+static void k_scale_neg(kvs_gguf_writer *w) { kvs_gguf_set_f32(w, "llama.rope.scaling.factor", -2.0f); }
+static void k_scale_inf(kvs_gguf_writer *w) { kvs_gguf_set_f32(w, "llama.rope.scale_linear", INFINITY); }
+static void k_scale2(kvs_gguf_writer *w) { kvs_gguf_set_f32(w, "llama.rope.scaling.factor", 2.0f); }
+/* An f64 beyond float's range where an f32 is read: refused by the GGUF getter. */
+static void k_eps_f64(kvs_gguf_writer *w)
+{
+    double big = 1e300;
+    kvs_gguf_set_scalar(w, "llama.attention.layer_norm_rms_epsilon", KVS_GGUF_FLOAT64, &big);
+}
+
+static void test_hparams(const char *path)
+{
+    tweak ok = {0};
+    CHECK(write_model(path, &ok) == KVS_OK);
+    kvs_model *m = NULL;
+    kvs_error err = {0};
+    CHECKF(kvs_model_load(path, &m, &err) == KVS_OK, "the valid model: %s", err.msg);
+    kvs_model_free(m);
+
+    EXPECT_LOAD(&((tweak){.keys = k_dim0}), KVS_ERR_FORMAT,
+                "llama metadata: embedding_length, feed_forward_length, block_count, head_count "
+                "and context_length must all be positive");
+    EXPECT_LOAD(&((tweak){.keys = k_ctx0}), KVS_ERR_FORMAT, "must all be positive");
+    EXPECT_LOAD(&((tweak){.keys = k_keylen0}), KVS_ERR_FORMAT,
+                "llama.attention.key_length must be positive");
+    EXPECT_LOAD(&((tweak){.keys = k_heads5}), KVS_ERR_FORMAT,
+                "llama.embedding_length 32 is not a multiple of head_count 5 (and there is no "
+                "llama.attention.key_length)");
+    EXPECT_LOAD(&((tweak){.keys = k_vlen}), KVS_ERR_UNSUPPORTED,
+                "llama.attention.value_length 4 differs from the key length 8");
+    EXPECT_LOAD(&((tweak){.keys = k_rot_odd}), KVS_ERR_FORMAT,
+                "llama.rope.dimension_count 3 must be even and at most head dim 8");
+    EXPECT_LOAD(&((tweak){.keys = k_rot_wide}), KVS_ERR_FORMAT,
+                "llama.rope.dimension_count 10 must be even");
+    EXPECT_LOAD(&((tweak){.keys = k_eps0}), KVS_ERR_FORMAT,
+                "llama.attention.layer_norm_rms_epsilon must be > 0 and llama.rope.freq_base > 1");
+    EXPECT_LOAD(&((tweak){.keys = k_base1}), KVS_ERR_FORMAT, "llama.rope.freq_base > 1");
+    EXPECT_LOAD(&((tweak){.keys = k_scale_neg}), KVS_ERR_FORMAT,
+                "llama.rope.scaling.factor is -2; it must be a positive number");
+    /* without rope.scaling.factor, the older key is read, and named */
+    EXPECT_LOAD(&((tweak){.keys = k_scale_inf}), KVS_ERR_FORMAT,
+                "llama.rope.scale_linear is inf; it must be a positive number");
+    EXPECT_LOAD(&((tweak){.keys = k_eps_f64}), KVS_ERR_FORMAT,
+                "metadata key 'llama.attention.layer_norm_rms_epsilon': value 1e+300 does not "
+                "fit in f32");
+}
+
+/* ---- tensor defects ---- */
+static void test_tensors(const char *path)
+{
+    EXPECT_LOAD(&((tweak){.emb_cols = DIM + 1}), KVS_ERR_FORMAT,
+                "tensor 'token_embd.weight' must have shape [32, n_vocab]");
+    /* one RoPE factor per rotated pair (4 here); each must be positive and finite */
+    const float zero_at_2[4] = {1, 1, 0, 1}, nan_at_0[4] = {NAN, 1, 1, 1};
+    EXPECT_LOAD(&((tweak){.rope_freqs = zero_at_2}), KVS_ERR_FORMAT,
+                "tensor 'rope_freqs.weight': factor 2 is 0; factors must be positive and finite");
+    EXPECT_LOAD(&((tweak){.rope_freqs = nan_at_0}), KVS_ERR_FORMAT,
+                "tensor 'rope_freqs.weight': factor 0 is nan");
+    /* the vocabulary of the tokenizer and of the embedding must agree */
+    EXPECT_LOAD(&((tweak){.n_tokens = VOCAB - 1}), KVS_ERR_FORMAT,
+                "tokenizer.ggml.tokens has 39 entries but token_embd.weight has 40 rows");
+}
+
+/* ---- sessions ---- */
+static void test_session(const char *path)
+{
+    kvs_error err = {0};
+    kvs_model *m = NULL;
+    tweak ok = {0};
+    CHECK(write_model(path, &ok) == KVS_OK);
+    CHECKF(kvs_model_load(path, &m, &err) == KVS_OK, "%s", err.msg);
+    if (!m)
+        return;
+    kvs_session_params p = kvs_session_default_params();
+    kvs_session *s = NULL;
+    const int threads[] = {0, -1, 257};
+    for (int i = 0; i < 3; i++) {
+        p.n_threads = threads[i];
+        kvs_status st = kvs_session_new(m, &p, &s, &err);
+        char want[64];
+        snprintf(want, sizeof want, "threads must be in [1, 256], got %d", threads[i]);
+        CHECKF(st == KVS_ERR_ARG && !s && strstr(err.msg, want), "%d '%s'", st, err.msg);
+    }
+    /* Position shifting moves keys away from the positions the recall measurement compares
+     * them at: the two are refused together. */
+    p = kvs_session_default_params();
+    p.kv_policy = "h2o:slots=16";
+    p.context_shift = 1;
+    p.measure_recall = 1;
+    kvs_status st = kvs_session_new(m, &p, &s, &err);
+    CHECKF(st == KVS_ERR_ARG && !s && strstr(err.msg, "position shifting cannot be combined "
+                                                      "with the attention recall measurement"),
+           "%d '%s'", st, err.msg);
+    /* An empty batch is an error, not a no-op (and the session is left as it was). */
+    p = kvs_session_default_params();
+    CHECKF(kvs_session_new(m, &p, &s, &err) == KVS_OK, "%s", err.msg);
+    int32_t tok[2] = {1, 5};
+    float logits[VOCAB];
+    CHECK(s && kvs_session_eval(s, tok, 2, logits, 0, &err) == KVS_OK);
+    const int ns[] = {0, -3};
+    for (int i = 0; s && i < 2; i++) {
+        st = kvs_session_eval(s, tok, ns[i], logits, 0, &err);
+        CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "no tokens to evaluate"), "n=%d: %d '%s'",
+               ns[i], st, err.msg);
+        CHECK(kvs_session_n_past(s) == 2);
+    }
+    kvs_session_free(s);
+    kvs_model_free(m);
+
+    /* Shifting re-rotates keys with the unscaled frequencies: refused on a scaled model. */
+    tweak scaled = {.keys = k_scale2};
+    CHECK(write_model(path, &scaled) == KVS_OK);
+    m = NULL;
+    CHECKF(kvs_model_load(path, &m, &err) == KVS_OK, "%s", err.msg);
+    p = kvs_session_default_params();
+    p.kv_policy = "h2o:slots=16";
+    p.context_shift = 1;
+    s = NULL;
+    st = m ? kvs_session_new(m, &p, &s, &err) : KVS_OK;
+    CHECKF(st == KVS_ERR_UNSUPPORTED && !s && strstr(err.msg, path) &&
+               strstr(err.msg, "scales them"), "%d '%s'", st, err.msg);
+    kvs_model_free(m);
+}
+
+/* ---- the synthetic writer ---- */
+static void test_synthetic(const char *path)
+{
+    kvs_error err = {0};
+    const kvs_hparams good = {.dim = 16, .hidden = 32, .n_layers = 1, .n_heads = 2,
+                              .n_kv_heads = 1, .vocab = 8, .ctx = 8};
+    kvs_hparams hp = good;
+    hp.vocab = 0;
+    kvs_status st = kvs_synthetic_write(&hp, KVS_WTYPE(KVS_F32), 1, path, NULL, &err);
+    CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "synthetic shape: every size must be positive"),
+           "%d '%s'", st, err.msg);
+    hp = good;
+    hp.n_kv_heads = -1;
+    st = kvs_synthetic_write(&hp, KVS_WTYPE(KVS_F32), 1, path, NULL, &err);
+    CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "every size must be positive"), "%d '%s'", st,
+           err.msg);
+    /* heads must split dim into even head sizes, and kv_heads must divide heads */
+    hp = good;
+    hp.n_heads = 3;
+    st = kvs_synthetic_write(&hp, KVS_WTYPE(KVS_F32), 1, path, NULL, &err);
+    CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "synthetic shape: heads=3 must divide dim=16 "
+                                                "into an even head size and kv_heads=1 must "
+                                                "divide heads"), "%d '%s'", st, err.msg);
+    hp = good;
+    hp.n_heads = 16; /* head size 1: odd */
+    st = kvs_synthetic_write(&hp, KVS_WTYPE(KVS_F32), 1, path, NULL, &err);
+    CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "heads=16 must divide dim=16"), "%d '%s'", st,
+           err.msg);
+    hp = good;
+    hp.n_kv_heads = 3;
+    st = kvs_synthetic_write(&hp, KVS_WTYPE(KVS_F32), 1, path, NULL, &err);
+    CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "kv_heads=3 must divide heads"), "%d '%s'", st,
+           err.msg);
+    st = kvs_synthetic_write(&good, KVS_WTYPE(KVS_F32), 1, NULL, NULL, &err);
+    CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "synthetic model: NULL path"), "%d '%s'", st,
+           err.msg);
+}
+
+/* ---- the llama2.c converter ---- */
+
+/* A llama2.c checkpoint: the 7-int header and n_floats zero floats. */
+static void write_ck(const char *path, const int32_t h[7], size_t n_floats)
+{
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    fwrite(h, 4, 7, f);
+    float z = 0;
+    for (size_t i = 0; i < n_floats; i++)
+        fwrite(&z, 4, 1, f);
+    CHECK(fclose(f) == 0);
+}
+
+static void test_llama2c(const char *ck, const char *out)
+{
+    char tok[512];
+    check_shared_path(tok, sizeof tok, "models/tok512.bin");
+    kvs_error err = {0};
+    /* dim 8, hidden 8, 1 layer, 2 heads, 2 KV heads, vocab 4, seq_len 2: 32 embedding floats,
+     * 464 layer floats, 8 final norm, 8 of RoPE tables = 512 */
+    const int32_t h[7] = {8, 8, 1, 2, 2, 4, 2};
+    write_ck(ck, h, 512 + 3);
+    kvs_status st = kvs_llama2c_convert(ck, tok, KVS_WTYPE(KVS_F32), out, NULL, &err);
+    CHECKF(st == KVS_ERR_FORMAT && strstr(err.msg, ck) &&
+               strstr(err.msg, ": 12 unexpected trailing bytes after the last tensor"),
+           "%d '%s'", st, err.msg);
+    const int32_t h3[7] = {8, 8, 1, 3, 1, 4, 2}; /* 3 heads do not divide 8 */
+    write_ck(ck, h3, 512);
+    st = kvs_llama2c_convert(ck, tok, KVS_WTYPE(KVS_F32), out, NULL, &err);
+    CHECKF(st == KVS_ERR_FORMAT && strstr(err.msg, ck) &&
+               strstr(err.msg, "header: n_heads 3 must divide dim 8 into an even head size, and "
+                               "n_kv_heads 1 must divide n_heads"), "%d '%s'", st, err.msg);
+    const int32_t h8[7] = {8, 8, 1, 8, 8, 4, 2}; /* head size 1 is odd */
+    write_ck(ck, h8, 512);
+    st = kvs_llama2c_convert(ck, tok, KVS_WTYPE(KVS_F32), out, NULL, &err);
+    CHECKF(st == KVS_ERR_FORMAT && strstr(err.msg, "n_heads 8 must divide dim 8"), "%d '%s'", st,
+           err.msg);
+    remove(ck);
+    /* the checkpoint cannot be opened, or is not a file */
+    st = kvs_llama2c_convert(ck, tok, KVS_WTYPE(KVS_F32), out, NULL, &err);
+    CHECKF(st == KVS_ERR_IO && strstr(err.msg, ck) && strstr(err.msg, "No such file"), "%d '%s'",
+           st, err.msg);
+    CHECK(mkdir(ck, 0700) == 0);
+    st = kvs_llama2c_convert(ck, tok, KVS_WTYPE(KVS_F32), out, NULL, &err);
+    CHECKF(st == KVS_ERR_IO && strstr(err.msg, ck) && strstr(err.msg, ": not a regular file"),
+           "%d '%s'", st, err.msg);
+    CHECK(rmdir(ck) == 0);
+    /* NULL arguments */
+    st = kvs_llama2c_convert(NULL, tok, KVS_WTYPE(KVS_F32), out, NULL, &err);
+    CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "convert: NULL argument"), "%d '%s'", st,
+           err.msg);
+    st = kvs_llama2c_convert(ck, NULL, KVS_WTYPE(KVS_F32), out, NULL, &err);
+    CHECK(st == KVS_ERR_ARG && strstr(err.msg, "convert: NULL argument"));
+    st = kvs_llama2c_convert(ck, tok, KVS_WTYPE(KVS_F32), NULL, NULL, &err);
+    CHECK(st == KVS_ERR_ARG && strstr(err.msg, "convert: NULL argument"));
+    CHECK(access(out, F_OK) != 0); /* nothing was written */
+}
+
+/* ---- the GGUF writer ---- */
+static void test_gguf_writer(const char *path)
+{
+    kvs_error err = {0};
+    kvs_gguf_writer *w = kvs_gguf_writer_new();
+    uint64_t dims[2] = {4, 2};
+    float data[8] = {0};
+    kvs_status st = kvs_gguf_add_tensor(w, "t", KVS_F32, 2, dims, NULL, &err);
+    CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "add tensor: NULL argument"), "%d '%s'", st,
+           err.msg);
+    CHECK(kvs_gguf_add_tensor(NULL, "t", KVS_F32, 2, dims, data, &err) == KVS_ERR_ARG);
+    CHECK(kvs_gguf_add_tensor(w, NULL, KVS_F32, 2, dims, data, &err) == KVS_ERR_ARG);
+    CHECK(kvs_gguf_add_tensor(w, "t", KVS_F32, 2, NULL, data, &err) == KVS_ERR_ARG &&
+          strstr(err.msg, "NULL argument"));
+    uint64_t zero[2] = {4, 0};
+    st = kvs_gguf_add_tensor(w, "t", KVS_F32, 2, zero, data, &err);
+    CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "tensor 't': dims[1] = 0 is zero or overflows "
+                                                "the element count"), "%d '%s'", st, err.msg);
+    uint64_t huge[2] = {1ull << 40, 1ull << 40}; /* 2^80 elements */
+    st = kvs_gguf_add_tensor(w, "t", KVS_F32, 2, huge, data, &err);
+    CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "tensor 't': dims[1] = 1099511627776 is zero or "
+                                                "overflows"), "%d '%s'", st, err.msg);
+    /* Nothing failed above was added: a valid tensor of the same name still goes in. */
+    CHECKF(kvs_gguf_add_tensor(w, "t", KVS_F32, 2, dims, data, &err) == KVS_OK, "%s", err.msg);
+
+    st = kvs_gguf_write(NULL, path, &err);
+    CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "GGUF write: NULL argument"), "%d '%s'", st,
+           err.msg);
+    CHECK(kvs_gguf_write(w, NULL, &err) == KVS_ERR_ARG && strstr(err.msg, "NULL argument"));
+    /* A device is written through: /dev/full fails every write with ENOSPC, reported with the
+     * path. */
+    if (access("/dev/full", W_OK) == 0) {
+        st = kvs_gguf_write(w, "/dev/full", &err);
+        CHECKF(st == KVS_ERR_IO && strstr(err.msg, "/dev/full: write failed: No space left"),
+               "%d '%s'", st, err.msg);
+    }
+    kvs_gguf_writer_free(w);
+
+    /* Two tensors of 2^63 bytes each (the data is only referenced, never read before the
+     * sizes are summed): their total overflows 64 bits, refused before the file is opened. */
+    w = kvs_gguf_writer_new();
+    uint64_t big[2] = {1ull << 30, 1ull << 31}; /* 2^61 f32 elements = 2^63 bytes */
+    CHECKF(kvs_gguf_add_tensor(w, "a", KVS_F32, 2, big, data, &err) == KVS_OK, "%s", err.msg);
+    CHECKF(kvs_gguf_add_tensor(w, "b", KVS_F32, 2, big, data, &err) == KVS_OK, "%s", err.msg);
+    remove(path);
+    st = kvs_gguf_write(w, path, &err);
+    CHECKF(st == KVS_ERR_ARG && strstr(err.msg, path) &&
+               strstr(err.msg, ": tensor data too large"), "%d '%s'", st, err.msg);
+    CHECK(access(path, F_OK) != 0);
+    kvs_gguf_writer_free(w);
+}
+
+int main(void)
+{
+    char path[512], ck[512], out[512];
+    check_tmp_path(path, sizeof path, "test_errors_model.gguf");
+    check_tmp_path(ck, sizeof ck, "test_errors_model.bin");
+    check_tmp_path(out, sizeof out, "test_errors_model_out.gguf");
+    for (int i = 0; i < DIM; i++)
+        ones[i] = 1.0f;
+    test_hparams(path);
+    test_tensors(path);
+    test_session(path);
+    test_synthetic(path);
+    test_llama2c(ck, out);
+    test_gguf_writer(path);
+    remove(path);
+    remove(ck);
+    remove(out);
+    return check_summary("errors_model");
+}
