@@ -8,12 +8,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "check.h"
 #include "gguf/gguf.h"
 #include "kvslim.h"
+#include "model/forward.h"
 #include "model/llama_write.h"
 
 enum { DIM = 32, HIDDEN = 64, LAYERS = 1, HEADS = 4, KV = 2, VOCAB = 40, CTX = 64 };
@@ -245,6 +248,89 @@ static void test_session(const char *path)
     kvs_model_free(m);
 }
 
+/* ---- the forward pass's own argument checks (the session checks first, so these guard the
+ * internal API) ---- */
+static void test_forward(const char *path)
+{
+    kvs_error err = {0};
+    kvs_model *m = NULL;
+    tweak ok = {0};
+    CHECK(write_model(path, &ok) == KVS_OK);
+    CHECKF(kvs_model_load(path, &m, &err) == KVS_OK, "%s", err.msg);
+    if (!m)
+        return;
+    kvs_forward_buf b;
+    kvs_status st = kvs_forward_buf_init(&b, &m->hp, 4, &err);
+    CHECKF(st == KVS_OK, "%s", err.msg);
+    if (st == KVS_OK) {
+        /* nothing is touched before the checks: no pool, no KV cache */
+        int32_t toks[5] = {1, 2, 3, 4, 5};
+        st = kvs_forward(m, NULL, NULL, &b, toks, 5, 0, NULL, 0, &err);
+        CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "batch of 5 tokens (capacity 4)"), "%d '%s'",
+               st, err.msg);
+        st = kvs_forward(m, NULL, NULL, &b, toks, 0, 0, NULL, 0, &err);
+        CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "batch of 0 tokens (capacity 4)"), "%d '%s'",
+               st, err.msg);
+        const int32_t bad[2][2] = {{1, VOCAB}, {-1, 1}};
+        for (int i = 0; i < 2; i++) {
+            st = kvs_forward(m, NULL, NULL, &b, bad[i], 2, 0, NULL, 0, &err);
+            char want[64];
+            snprintf(want, sizeof want, "token id %d is outside the vocabulary [0, %d)",
+                     bad[i][0] == 1 ? VOCAB : -1, VOCAB);
+            CHECKF(st == KVS_ERR_ARG && strstr(err.msg, want), "%d '%s'", st, err.msg);
+        }
+        kvs_forward_buf_free(&b);
+    }
+    kvs_model_free(m);
+}
+
+/* A regular file that cannot be mapped: sysfs attributes are regular files of 4096 bytes whose
+ * mmap fails (ENODEV). Returns the path, or NULL if this machine has none (probed). */
+static const char *unmappable_file(void)
+{
+    static const char *const cands[] = {"/sys/kernel/mm/transparent_hugepage/enabled",
+                                        "/sys/power/state", "/sys/kernel/profiling"};
+    for (size_t i = 0; i < sizeof cands / sizeof *cands; i++) {
+        struct stat sb;
+        int fd = open(cands[i], O_RDONLY);
+        if (fd < 0)
+            continue;
+        int ok = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size > 0;
+        if (ok) {
+            void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+            if (p != MAP_FAILED) {
+                munmap(p, (size_t)sb.st_size);
+                ok = 0;
+            }
+        }
+        close(fd);
+        if (ok)
+            return cands[i];
+    }
+    return NULL;
+}
+
+static void test_unmappable(const char *out)
+{
+    const char *f = unmappable_file();
+    if (!f) {
+        printf("no unmappable regular file here: the mmap failures are not tested\n");
+        return;
+    }
+    kvs_error err = {0};
+    kvs_gguf *g = NULL;
+    kvs_status st = kvs_gguf_open(f, &g, &err);
+    char want[256];
+    snprintf(want, sizeof want, "%s: cannot map: ", f);
+    CHECKF(st == KVS_ERR_IO && !g && strstr(err.msg, want), "%d '%s'", st, err.msg);
+    kvs_gguf_close(g);
+    char tok[512];
+    check_shared_path(tok, sizeof tok, "models/tok512.bin");
+    st = kvs_llama2c_convert(f, tok, KVS_WTYPE(KVS_F32), out, NULL, &err);
+    snprintf(want, sizeof want, "%s: mmap failed: ", f);
+    CHECKF(st == KVS_ERR_IO && strstr(err.msg, want), "%d '%s'", st, err.msg);
+}
+
 /* ---- the synthetic writer ---- */
 static void test_synthetic(const char *path)
 {
@@ -407,6 +493,8 @@ int main(void)
     test_hparams(path);
     test_tensors(path);
     test_session(path);
+    test_forward(path);
+    test_unmappable(out);
     test_synthetic(path);
     test_llama2c(ck, out);
     test_gguf_writer(path);
