@@ -231,6 +231,31 @@ static void test_session(const char *path)
         CHECK(kvs_session_n_past(s) == 2);
     }
     kvs_session_free(s);
+
+    /* NULL arguments are named */
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    static const char *const nulls[] = {"the model is NULL", "text is NULL", "ids is NULL",
+                                        "n_ids is NULL"};
+    for (int i = 0; i < 4; i++) {
+        st = kvs_tokenize_special(i == 0 ? NULL : m, i == 1 ? NULL : "p3", 0, 0,
+                                  i == 2 ? NULL : &ids, i == 3 ? NULL : &n_ids, &err);
+        CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "kvs_tokenize_special: ") &&
+                   strstr(err.msg, nulls[i]) && !ids && n_ids == 0, "%d: %d '%s'", i, st,
+               err.msg);
+    }
+    p = kvs_session_default_params();
+    static const char *const snulls[] = {"the model is NULL", "params is NULL", "out is NULL"};
+    for (int i = 0; i < 3; i++) {
+        s = NULL;
+        st = kvs_session_new(i == 0 ? NULL : m, i == 1 ? NULL : &p, i == 2 ? NULL : &s, &err);
+        CHECKF(st == KVS_ERR_ARG && !s && strstr(err.msg, "kvs_session_new: ") &&
+                   strstr(err.msg, snulls[i]), "%d: %d '%s'", i, st, err.msg);
+    }
+    st = kvs_session_eval(NULL, tok, 1, logits, 0, &err);
+    CHECKF(st == KVS_ERR_ARG && strstr(err.msg, "kvs_session_eval: the session is NULL"),
+           "%d '%s'", st, err.msg);
+    CHECK(kvs_session_n_past(NULL) == 0);
     kvs_model_free(m);
 
     /* Shifting re-rotates keys with the unscaled frequencies: refused on a scaled model. */
@@ -409,6 +434,22 @@ static void test_llama2c(const char *ck, const char *out)
     st = kvs_llama2c_convert(ck, tok, KVS_WTYPE(KVS_F32), out, NULL, &err);
     CHECKF(st == KVS_ERR_FORMAT && strstr(err.msg, "n_heads 8 must divide dim 8"), "%d '%s'", st,
            err.msg);
+    /* a negative vocab_size: an unshared classifier (wcls, vocab x dim) follows the RoPE
+     * tables, and is counted in the size the header implies */
+    const int32_t hc[7] = {8, 8, 1, 2, 2, -4, 2};
+    write_ck(ck, hc, 512);
+    st = kvs_llama2c_convert(ck, tok, KVS_WTYPE(KVS_F32), out, NULL, &err);
+    CHECKF(st == KVS_ERR_FORMAT && strstr(err.msg, "truncated checkpoint") &&
+               strstr(err.msg, "vocab_size -4, seq_len 2) needs 544 floats, the file holds 512"),
+           "%d '%s'", st, err.msg);
+    write_ck(ck, hc, 544 + 1);
+    st = kvs_llama2c_convert(ck, tok, KVS_WTYPE(KVS_F32), out, NULL, &err);
+    CHECKF(st == KVS_ERR_FORMAT && strstr(err.msg, ": 4 unexpected trailing bytes"), "%d '%s'",
+           st, err.msg);
+    /* the output is never one of the inputs, and is refused before anything is read */
+    st = kvs_llama2c_convert(ck, tok, KVS_WTYPE(KVS_F32), ck, NULL, &err);
+    CHECKF(st == KVS_ERR_IO && strstr(err.msg, ck) &&
+               strstr(err.msg, "is the same file as the checkpoint"), "%d '%s'", st, err.msg);
     remove(ck);
     /* the checkpoint cannot be opened, or is not a file */
     st = kvs_llama2c_convert(ck, tok, KVS_WTYPE(KVS_F32), out, NULL, &err);
