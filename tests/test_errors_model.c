@@ -523,6 +523,55 @@ static void test_gguf_writer(const char *path)
     kvs_gguf_writer_free(w);
 }
 
+/* The writer's setters refuse what the reader would refuse (they return the status only). */
+static void test_gguf_setters(const char *path)
+{
+    kvs_gguf_writer *w = kvs_gguf_writer_new();
+    uint32_t u = 7;
+    uint8_t two = 2, bools[3] = {0, 1, 2};
+    /* keys: NULL, empty, invalid UTF-8; and a NULL writer */
+    CHECK(kvs_gguf_set_u32(w, NULL, 1) == KVS_ERR_ARG);
+    CHECK(kvs_gguf_set_u32(w, "", 1) == KVS_ERR_ARG);
+    CHECK(kvs_gguf_set_u32(w, "bad.\xff", 1) == KVS_ERR_ARG);
+    CHECK(kvs_gguf_set_u32(NULL, "k", 1) == KVS_ERR_ARG);
+    /* scalar types: not STRING, ARRAY or an invalid id; a value; bools 0 or 1 */
+    CHECK(kvs_gguf_set_scalar(w, "k", KVS_GGUF_STRING, &u) == KVS_ERR_ARG);
+    CHECK(kvs_gguf_set_scalar(w, "k", KVS_GGUF_ARRAY, &u) == KVS_ERR_ARG);
+    CHECK(kvs_gguf_set_scalar(w, "k", (kvs_gguf_type)13, &u) == KVS_ERR_ARG);
+    CHECK(kvs_gguf_set_scalar(w, "k", KVS_GGUF_UINT32, NULL) == KVS_ERR_ARG);
+    CHECK(kvs_gguf_set_scalar(w, "k", KVS_GGUF_BOOL, &two) == KVS_ERR_ARG);
+    CHECK(kvs_gguf_set_arr(w, "k", KVS_GGUF_STRING, &u, 1) == KVS_ERR_ARG);
+    CHECK(kvs_gguf_set_arr(w, "k", KVS_GGUF_UINT32, NULL, 1) == KVS_ERR_ARG);
+    CHECK(kvs_gguf_set_arr(w, "k", KVS_GGUF_UINT32, &u, UINT64_MAX / 2) == KVS_ERR_ARG);
+    CHECK(kvs_gguf_set_arr(w, "k", KVS_GGUF_BOOL, bools, 3) == KVS_ERR_ARG);
+    CHECK(kvs_gguf_set_arr(w, "k", KVS_GGUF_BOOL, bools, 2) == KVS_OK);
+    CHECK(kvs_gguf_set_arr(w, "empty", KVS_GGUF_UINT32, NULL, 0) == KVS_OK);
+    CHECK(kvs_gguf_set_str(w, "k", NULL) == KVS_ERR_ARG);
+    const char *with_null[2] = {"a", NULL};
+    CHECK(kvs_gguf_set_arr_str(w, "k", NULL, 1) == KVS_ERR_ARG);
+    CHECK(kvs_gguf_set_arr_str(w, "k", with_null, 2) == KVS_ERR_ARG);
+    CHECK(kvs_gguf_set_u32(w, "general.alignment", 0) == KVS_ERR_ARG);
+    CHECK(kvs_gguf_set_u32(w, "general.alignment", 48) == KVS_ERR_ARG);
+    /* a key set twice keeps the last value, also across types; nothing refused was stored */
+    CHECK(kvs_gguf_set_u32(w, "k", 1) == KVS_OK);
+    CHECK(kvs_gguf_set_str(w, "k", "last") == KVS_OK);
+    kvs_error err = {0};
+    CHECKF(kvs_gguf_write(w, path, &err) == KVS_OK, "%s", err.msg);
+    kvs_gguf *g = NULL;
+    CHECKF(kvs_gguf_open(path, &g, &err) == KVS_OK, "%s", err.msg);
+    kvs_gguf_str str = {0};
+    CHECK(g && kvs_gguf_n_keys(g) == 2 && kvs_gguf_get_str(g, "k", &str, &err) == KVS_OK &&
+          str.len == 4 && !memcmp(str.data, "last", 4));
+    kvs_gguf_close(g);
+    /* general.alignment of another type than u32 is refused when writing */
+    CHECK(kvs_gguf_set_u64(w, "general.alignment", 64) == KVS_OK);
+    kvs_status st = kvs_gguf_write(w, path, &err);
+    CHECKF(st == KVS_ERR_ARG && strstr(err.msg, path) &&
+               strstr(err.msg, ": general.alignment must be a u32 power of two"), "%d '%s'", st,
+           err.msg);
+    kvs_gguf_writer_free(w);
+}
+
 int main(void)
 {
     char path[512], ck[512], out[512];
@@ -539,6 +588,7 @@ int main(void)
     test_synthetic(path);
     test_llama2c(ck, out);
     test_gguf_writer(path);
+    test_gguf_setters(path);
     remove(path);
     remove(ck);
     remove(out);
