@@ -17,12 +17,13 @@
 #include "gguf/gguf.h"
 #include "kvslim.h"
 #include "model/forward.h"
+#include "model/llama.h"
 #include "model/llama_write.h"
 
 enum { DIM = 32, HIDDEN = 64, LAYERS = 1, HEADS = 4, KV = 2, VOCAB = 40, CTX = 64 };
 
 static float zeros[VOCAB * DIM + DIM * HIDDEN];
-static float ones[DIM];
+static float ones[DIM + 1];
 
 /* What a case changes in the otherwise valid model below. */
 typedef struct tweak {
@@ -31,6 +32,10 @@ typedef struct tweak {
     int emb_cols;                     /* token_embd.weight row length (0: DIM) */
     int n_tokens;                     /* tokenizer entries (0: VOCAB) */
     const float *rope_freqs;          /* write rope_freqs.weight (DIM / HEADS / 2 factors) */
+    const char *arch;                 /* general.architecture (NULL: llama) */
+    int out_rows;                     /* write an output.weight of this many rows (0: none) */
+    int norm_len;                     /* output_norm.weight elements (0: DIM) */
+    const char *extra;                /* one more tensor (DIM elements) of this name */
 } tweak;
 
 static void add(kvs_gguf_writer *w, const char *name, int rows, int cols, const float *data)
@@ -44,7 +49,7 @@ static void add(kvs_gguf_writer *w, const char *name, int rows, int cols, const 
 static kvs_status write_model(const char *path, const tweak *t)
 {
     kvs_gguf_writer *w = kvs_gguf_writer_new();
-    kvs_gguf_set_str(w, "general.architecture", "llama");
+    kvs_gguf_set_str(w, "general.architecture", t->arch ? t->arch : "llama");
     kvs_gguf_set_u32(w, "llama.context_length", CTX);
     kvs_gguf_set_u32(w, "llama.embedding_length", DIM);
     kvs_gguf_set_u32(w, "llama.feed_forward_length", HIDDEN);
@@ -69,7 +74,11 @@ static kvs_status write_model(const char *path, const tweak *t)
     kvs_gguf_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
     kvs_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
     add(w, "token_embd.weight", VOCAB, t->emb_cols ? t->emb_cols : DIM, zeros);
-    add(w, "output_norm.weight", 1, DIM, ones);
+    add(w, "output_norm.weight", 1, t->norm_len ? t->norm_len : DIM, ones);
+    if (t->out_rows)
+        add(w, "output.weight", t->out_rows, DIM, zeros);
+    if (t->extra)
+        add(w, t->extra, 1, DIM, ones);
     if (t->rope_freqs)
         add(w, "rope_freqs.weight", 1, DIM / HEADS / 2, t->rope_freqs);
     char name[64];
@@ -127,6 +136,18 @@ static void k_base1(kvs_gguf_writer *w) { kvs_gguf_set_f32(w, "llama.rope.freq_b
 static void k_scale_neg(kvs_gguf_writer *w) { kvs_gguf_set_f32(w, "llama.rope.scaling.factor", -2.0f); }
 static void k_scale_inf(kvs_gguf_writer *w) { kvs_gguf_set_f32(w, "llama.rope.scale_linear", INFINITY); }
 static void k_scale2(kvs_gguf_writer *w) { kvs_gguf_set_f32(w, "llama.rope.scaling.factor", 2.0f); }
+static void k_yarn(kvs_gguf_writer *w) { kvs_gguf_set_str(w, "llama.rope.scaling.type", "yarn"); }
+static void k_none(kvs_gguf_writer *w) { kvs_gguf_set_str(w, "llama.rope.scaling.type", "none"); }
+static void k_type_u32(kvs_gguf_writer *w) { kvs_gguf_set_u32(w, "llama.rope.scaling.type", 1); }
+static void k_factor_str(kvs_gguf_writer *w) { kvs_gguf_set_str(w, "llama.rope.scaling.factor", "2"); }
+static void k_kv_str(kvs_gguf_writer *w) { kvs_gguf_set_str(w, "llama.attention.head_count_kv", "2"); }
+/* queries of 2^20 heads x 2^20 wide: 2^40 dims, beyond an int, refused before allocating */
+static void k_huge_q(kvs_gguf_writer *w)
+{
+    kvs_gguf_set_u32(w, "llama.attention.head_count", 1u << 20);
+    kvs_gguf_set_u32(w, "llama.attention.head_count_kv", 1u << 20);
+    kvs_gguf_set_u32(w, "llama.attention.key_length", 1u << 20);
+}
 /* An f64 beyond float's range where an f32 is read: refused by the GGUF getter. */
 static void k_eps_f64(kvs_gguf_writer *w)
 {
@@ -166,6 +187,29 @@ static void test_hparams(const char *path)
     /* without rope.scaling.factor, the older key is read, and named */
     EXPECT_LOAD(&((tweak){.keys = k_scale_inf}), KVS_ERR_FORMAT,
                 "llama.rope.scale_linear is inf; it must be a positive number");
+    EXPECT_LOAD(&((tweak){.keys = k_yarn}), KVS_ERR_UNSUPPORTED,
+                "llama.rope.scaling.type is 'yarn': kvslim implements RoPE scaling 'none' and "
+                "'linear' only");
+    EXPECT_LOAD(&((tweak){.keys = k_type_u32}), KVS_ERR_FORMAT, "llama.rope.scaling.type");
+    EXPECT_LOAD(&((tweak){.keys = k_factor_str}), KVS_ERR_FORMAT, "llama.rope.scaling.factor");
+    EXPECT_LOAD(&((tweak){.keys = k_kv_str}), KVS_ERR_FORMAT, "llama.attention.head_count_kv");
+    EXPECT_LOAD(&((tweak){.keys = k_huge_q}), KVS_ERR_FORMAT,
+                "(1099511627776 query dims) need more weights than the file's");
+    {   /* an architecture name is quoted up to 64 bytes */
+        char arch[101];
+        memset(arch, 'x', 100);
+        arch[100] = '\0';
+        char want[128];
+        snprintf(want, sizeof want, "general.architecture is '%.64s', which", arch);
+        EXPECT_LOAD(&((tweak){.arch = arch}), KVS_ERR_UNSUPPORTED, want);
+    }
+    {   /* "none" is no scaling: loads */
+        tweak none = {.keys = k_none};
+        CHECK(write_model(path, &none) == KVS_OK);
+        m = NULL;
+        CHECKF(kvs_model_load(path, &m, &err) == KVS_OK, "scaling type none: %s", err.msg);
+        kvs_model_free(m);
+    }
     EXPECT_LOAD(&((tweak){.keys = k_eps_f64}), KVS_ERR_FORMAT,
                 "metadata key 'llama.attention.layer_norm_rms_epsilon': value 1e+300 does not "
                 "fit in f32");
@@ -182,6 +226,32 @@ static void test_tensors(const char *path)
                 "tensor 'rope_freqs.weight': factor 2 is 0; factors must be positive and finite");
     EXPECT_LOAD(&((tweak){.rope_freqs = nan_at_0}), KVS_ERR_FORMAT,
                 "tensor 'rope_freqs.weight': factor 0 is nan");
+    EXPECT_LOAD(&((tweak){.norm_len = DIM + 1}), KVS_ERR_FORMAT,
+                "tensor 'output_norm.weight' has 33 elements; expected 32");
+    EXPECT_LOAD(&((tweak){.out_rows = VOCAB + 1}), KVS_ERR_FORMAT,
+                "tensor 'output.weight' has shape [32, 41] (2 dims); expected [32, 40]");
+    /* block numbers: up to 10 digits are read (no overflow); a longer one, or none, is not a
+     * block's name */
+    EXPECT_LOAD(&((tweak){.extra = "blk.9999999999.attn_q.weight"}), KVS_ERR_FORMAT,
+                "belongs to block 9999999999, but llama.block_count is 1");
+    EXPECT_LOAD(&((tweak){.extra = "blk.12345678901.attn_q.weight"}), KVS_ERR_FORMAT,
+                "tensor 'blk.12345678901.attn_q.weight' is not one kvslim's llama loader uses");
+    EXPECT_LOAD(&((tweak){.extra = "blk.x.attn_q.weight"}), KVS_ERR_FORMAT,
+                "tensor 'blk.x.attn_q.weight' is not one kvslim's llama loader uses");
+    EXPECT_LOAD(&((tweak){.extra = "token_embd.bias"}), KVS_ERR_FORMAT,
+                "tensor 'token_embd.bias' is not one");
+    EXPECT_LOAD(&((tweak){.extra = "rope_freqs.bias"}), KVS_ERR_FORMAT,
+                "tensor 'rope_freqs.bias' is not one");
+    {   /* an untied output of the right shape, valid RoPE factors, and a tensor of another
+         * naming scheme (not the llama loader's to judge) load */
+        const float freqs[4] = {1, 2, 4, 8};
+        tweak fine = {.out_rows = VOCAB, .rope_freqs = freqs, .extra = "mm.projector.weight"};
+        CHECK(write_model(path, &fine) == KVS_OK);
+        kvs_model *m = NULL;
+        kvs_error err = {0};
+        CHECKF(kvs_model_load(path, &m, &err) == KVS_OK, "%s", err.msg);
+        kvs_model_free(m);
+    }
     /* the vocabulary of the tokenizer and of the embedding must agree */
     EXPECT_LOAD(&((tweak){.n_tokens = VOCAB - 1}), KVS_ERR_FORMAT,
                 "tokenizer.ggml.tokens has 39 entries but token_embd.weight has 40 rows");
@@ -450,7 +520,23 @@ static void test_llama2c(const char *ck, const char *out)
     st = kvs_llama2c_convert(ck, tok, KVS_WTYPE(KVS_F32), ck, NULL, &err);
     CHECKF(st == KVS_ERR_IO && strstr(err.msg, ck) &&
                strstr(err.msg, "is the same file as the checkpoint"), "%d '%s'", st, err.msg);
+    /* kvs_llama2c_sniff: plausible header fields and the exact size they imply */
+    write_ck(ck, hc, 544);
+    CHECK(kvs_llama2c_sniff(ck) == 1);
+    write_ck(ck, hc, 545);
+    CHECK(kvs_llama2c_sniff(ck) == 0);
+    write_ck(ck, h, 512);
+    CHECK(kvs_llama2c_sniff(ck) == 1);
+    write_ck(ck, h3, 512); /* heads do not divide dim */
+    CHECK(kvs_llama2c_sniff(ck) == 0);
+    const int32_t hbig[7] = {1 << 24, 1 << 24, 1 << 24, 1, 1, 4, 2}; /* implies > 2^60 floats */
+    write_ck(ck, hbig, 0);
+    CHECK(kvs_llama2c_sniff(ck) == 0);
+    const int32_t hzero[7] = {8, 8, 0, 2, 2, 4, 2};
+    write_ck(ck, hzero, 0);
+    CHECK(kvs_llama2c_sniff(ck) == 0);
     remove(ck);
+    CHECK(kvs_llama2c_sniff(ck) == 0); /* absent */
     /* the checkpoint cannot be opened, or is not a file */
     st = kvs_llama2c_convert(ck, tok, KVS_WTYPE(KVS_F32), out, NULL, &err);
     CHECKF(st == KVS_ERR_IO && strstr(err.msg, ck) && strstr(err.msg, "No such file"), "%d '%s'",
@@ -459,6 +545,7 @@ static void test_llama2c(const char *ck, const char *out)
     st = kvs_llama2c_convert(ck, tok, KVS_WTYPE(KVS_F32), out, NULL, &err);
     CHECKF(st == KVS_ERR_IO && strstr(err.msg, ck) && strstr(err.msg, ": not a regular file"),
            "%d '%s'", st, err.msg);
+    CHECK(kvs_llama2c_sniff(ck) == 0); /* a directory */
     CHECK(rmdir(ck) == 0);
     /* NULL arguments */
     st = kvs_llama2c_convert(NULL, tok, KVS_WTYPE(KVS_F32), out, NULL, &err);
@@ -578,7 +665,7 @@ int main(void)
     check_tmp_path(path, sizeof path, "test_errors_model.gguf");
     check_tmp_path(ck, sizeof ck, "test_errors_model.bin");
     check_tmp_path(out, sizeof out, "test_errors_model_out.gguf");
-    for (int i = 0; i < DIM; i++)
+    for (int i = 0; i <= DIM; i++)
         ones[i] = 1.0f;
     test_hparams(path);
     test_tensors(path);
