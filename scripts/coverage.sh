@@ -3,7 +3,8 @@
 # suite in BUILD (configured with -DKVS_COVERAGE=ON), captures the gcov counters with lcov,
 # keeps src/ and include/, prints lcov's summary and a per-directory table
 # (scripts/coverage_report.py), lists the kvs_fail( call sites never executed
-# (BUILD/kvs_fail_unhit.txt) and writes the HTML report to BUILD/coverage-html/.
+# (BUILD/kvs_fail_unhit.txt), writes the HTML report to BUILD/coverage-html/, and ends with
+# lcov's summary lines.
 set -euo pipefail
 build=$1 jobs=${2:-2}
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,6 +33,9 @@ echo "Coverage of src/ by the test suite ($info; HTML: $build/coverage-html/inde
 lcov "${rc[@]}" --summary "$info" 2>&1 | grep -E '^ *(lines|functions|branches)'
 echo
 python3 "$src/scripts/coverage_report.py" "$info" "$src" "$build/kvs_fail_unhit.txt"
+# lcov's summary lines again, last, so the run ends with them.
+echo
+lcov "${rc[@]}" --summary "$info" 2>&1 | grep -E '^ *(lines|functions|branches)'
 if [ "$status" -ne 0 ]; then
   echo "coverage: some tests failed (ctest exit $status): the numbers above miss what they skipped" >&2
   exit "$status"
