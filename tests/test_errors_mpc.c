@@ -438,7 +438,8 @@ static void test_tcp_args(void)
            "port -1 is out of range");
     /* a name glibc rejects without asking a DNS server (a space is not a host name character) */
     reset();
-    EXPECT(kvs_net_listen("bad host!", 0, &fd, NULL, &err), KVS_ERR_IO, "cannot resolve bad host!:");
+    EXPECT(kvs_net_listen("bad host!", 0, &fd, NULL, &err), KVS_ERR_IO,
+           "cannot resolve bad host!:");
     /* TEST-NET-1 (RFC 5737): no interface of this machine has it */
     reset();
     EXPECT(kvs_net_listen("192.0.2.1", 0, &fd, &port, &err), KVS_ERR_IO,

@@ -4,8 +4,10 @@
  * shape, another model, a KV text without its terminator, an impossible step plan). The dealer
  * runs kvs_mpc_session_run on a thread, on 127.0.0.1 with plain channels; the test plays both
  * parties with the transport's own calls (src/mpc/net.h) and the message layouts of session.c
- * (shape: 9 u32 then 2 f64, then the 32-byte model hash; plan: 3 u32; KV text: 256 bytes). Each
- * case must end the dealer with the documented status and a message naming what was wrong. */
+ * (shape: 9 u32 then 2 f64, then the 32-byte model hash; plan: 3 u32; KV text: 256 bytes).
+ * Party 0 is checked the same way against a hand-written dealer and party 1 (a model whose
+ * vocabulary is not the tokenizer's, a --kv text too long for its message). Each case must end
+ * the role under test with the documented status and a message naming what was wrong. */
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -222,6 +224,110 @@ static void test_connections(void)
           strstr(d.err.msg, "bad session configuration for the dealer"));
 }
 
+/* ---- party 0 against a hand-written dealer and party 1 ---- */
+
+typedef struct party0 {
+    kvs_mpc_session_cfg cfg;
+    kvs_status st;
+    kvs_error err;
+} party0;
+
+static void *party0_main(void *arg)
+{
+    party0 *p = arg;
+    kvs_mpc_session_result res;
+    p->st = kvs_mpc_session_run(&p->cfg, &res, &p->err);
+    kvs_mpc_session_result_free(&res);
+    return NULL;
+}
+
+/* Accepts party 0 on lfd as `role` (the dealer reads party 0's role byte first). */
+static kvs_chan *accept_party0(int lfd, int role, const uint8_t *hash)
+{
+    int fd = -1;
+    kvs_error err;
+    if (kvs_net_accept(lfd, 2000, &fd, &err) != KVS_OK) {
+        CHECKF(0, "accept: %s", err.msg);
+        return NULL;
+    }
+    uint8_t b = 0xff;
+    if (role == KVS_CHAN_ROLE_DEALER)
+        CHECK(read(fd, &b, 1) == 1 && b == 0);
+    kvs_chan_params p;
+    memset(&p, 0, sizeof p);
+    p.insecure_plain = 1;
+    p.timeout_ms = 2000;
+    p.version = KVS_MPC_PROTOCOL_VERSION;
+    p.ring_bits = 64;
+    p.frac_bits = 12;
+    p.role = role;
+    p.peer_role = 0;
+    if (hash)
+        memcpy(p.model_hash, hash, 32);
+    kvs_chan *c = NULL;
+    CHECKF(kvs_chan_open(fd, &p, &c, &err) == KVS_OK, "as %d: %s", role, err.msg);
+    return c;
+}
+
+/* Party 0 with tokenizer vocabulary vocab and KV text kv meets party 1's model of 8 tokens. */
+static void party0_case(int vocab, const char *kv, const char *want)
+{
+    int ld = -1, lp = -1, dport = 0, pport = 0;
+    kvs_error err;
+    if (kvs_net_listen("127.0.0.1", 0, &ld, &dport, &err) != KVS_OK ||
+        kvs_net_listen("127.0.0.1", 0, &lp, &pport, &err) != KVS_OK) {
+        CHECKF(0, "listen: %s", err.msg);
+        if (ld >= 0)
+            close(ld);
+        return;
+    }
+    static const int32_t toks[3] = {1, 2, 3};
+    party0 p;
+    memset(&p, 0, sizeof p);
+    p.cfg.role = KVS_MPC_P0;
+    p.cfg.frac = 12;
+    p.cfg.insecure_plain = 1;
+    p.cfg.timeout_ms = 2000;
+    p.cfg.peer_listen_fd = -1;
+    p.cfg.peer_host = p.cfg.dealer_host = "127.0.0.1";
+    p.cfg.peer_port = pport;
+    p.cfg.dealer_port = dport;
+    p.cfg.dealer_listen_fd[0] = p.cfg.dealer_listen_fd[1] = -1;
+    memset(p.cfg.model_hash, 0x22, 32);
+    p.cfg.tokens = toks;
+    p.cfg.n_tokens = 3;
+    p.cfg.prompt_len = 2;
+    p.cfg.kv_spec = kv;
+    p.cfg.stop_token[0] = p.cfg.stop_token[1] = -1;
+    p.cfg.vocab = vocab;
+    pthread_t t;
+    pthread_create(&t, NULL, party0_main, &p);
+    kvs_chan *dealer_c = accept_party0(ld, KVS_CHAN_ROLE_DEALER, NULL);
+    kvs_chan *p1 = accept_party0(lp, 1, p.cfg.model_hash);
+    uint8_t seed[16] = {0}, shape[SHAPE_BYTES];
+    send_msg(dealer_c, seed, sizeof seed);
+    shape_msg(shape, 4, 0x22);
+    send_msg(p1, shape, sizeof shape);
+    pthread_join(t, NULL);
+    CHECKF(p.st == KVS_ERR_ARG && strstr(p.err.msg, want), "status %d '%s' (want '%s')",
+           (int)p.st, p.err.msg, want);
+    kvs_chan_close(dealer_c);
+    kvs_chan_close(p1);
+    close(ld);
+    close(lp);
+}
+
+static void test_party0(void)
+{
+    /* the tokenizer's vocabulary is not the model's */
+    party0_case(9, NULL, "party 1's model has a vocabulary of 8 tokens, the tokenizer 9");
+    /* a KV text longer than its message */
+    char kv[300];
+    memset(kv, 'a', sizeof kv - 1);
+    kv[sizeof kv - 1] = 0;
+    party0_case(8, kv, "--kv: at most 255 characters");
+}
+
 static void test_file_hash(void)
 {
     uint8_t h[32];
@@ -242,5 +348,6 @@ int main(void)
     test_file_hash();
     test_connections();
     test_setup_messages();
+    test_party0();
     return check_summary("test_errors_mpc_session");
 }
