@@ -135,8 +135,8 @@ static void send_msg(kvs_chan *c, const void *b, size_t n)
 
 /* Both parties connect; party 1 sends the shape, party 0 the plan and the KV text. */
 static void setup_case(const uint8_t *expect_hash, int dim, uint8_t hash_byte,
-                       const uint32_t plan[3], const uint8_t *kv, kvs_status want_st,
-                       const char *want)
+                       const uint32_t plan[3], const uint8_t *kv, int control,
+                       kvs_status want_st, const char *want)
 {
     dealer d;
     if (dealer_start(&d, 2000, expect_hash) != 0)
@@ -151,6 +151,10 @@ static void setup_case(const uint8_t *expect_hash, int dim, uint8_t hash_byte,
         send_msg(c0, pm, sizeof pm);
         send_msg(c0, kv, KV_BYTES);
     }
+    if (control >= 0) { /* party 0's step control byte: 1 go on, 0 stop */
+        const uint8_t go = (uint8_t)control;
+        send_msg(c0, &go, 1);
+    }
     dealer_expect(&d, want_st, want);
     kvs_chan_close(c0);
     kvs_chan_close(c1);
@@ -159,29 +163,34 @@ static void setup_case(const uint8_t *expect_hash, int dim, uint8_t hash_byte,
 static void test_setup_messages(void)
 {
     /* a shape no model has: dim 0 */
-    setup_case(NULL, 0, 0, NULL, NULL, KVS_ERR_FORMAT,
+    setup_case(NULL, 0, 0, NULL, NULL, -1, KVS_ERR_FORMAT,
                "party 1 sent an implausible model shape (dim 0, hidden 8, layers 1");
     /* the dealer was told which model to expect */
     uint8_t want_hash[32];
     memset(want_hash, 0x11, sizeof want_hash);
-    setup_case(want_hash, 4, 0x22, NULL, NULL, KVS_ERR_ARG,
+    setup_case(want_hash, 4, 0x22, NULL, NULL, -1, KVS_ERR_ARG,
                "party 1 serves another model than expected (model hash differs)");
     /* a KV text that fills its 256 bytes: no terminator */
     uint8_t kv[KV_BYTES];
     memset(kv, 'a', sizeof kv);
     const uint32_t plan[3] = {3, 2, 1};
-    setup_case(NULL, 4, 0x22, plan, kv, KVS_ERR_FORMAT, "party 0 sent a bad KV configuration");
+    setup_case(NULL, 4, 0x22, plan, kv, -1, KVS_ERR_FORMAT,
+               "party 0 sent a bad KV configuration");
     /* a prompt longer than the tokens */
     memset(kv, 0, sizeof kv);
     const uint32_t bad_plan[3] = {1, 2, 0};
-    setup_case(NULL, 4, 0x22, bad_plan, kv, KVS_ERR_FORMAT,
+    setup_case(NULL, 4, 0x22, bad_plan, kv, -1, KVS_ERR_FORMAT,
                "party 0 sent a bad step plan (tokens 1, prompt 2, generate 0)");
     /* a KV text the dealer's own parse refuses (after the secret model's set-up, which only
      * sends) */
     memcpy(kv, "mpcache:budget=2", 17);
-    setup_case(NULL, 4, 0x22, plan, kv, KVS_ERR_FORMAT,
+    setup_case(NULL, 4, 0x22, plan, kv, -1, KVS_ERR_FORMAT,
                "party 0 sent a KV configuration this role refuses: --kv mpcache:budget=2: "
                "budget=2");
+    /* a valid set-up (the full cache), then a step control byte that is neither go nor stop */
+    memset(kv, 0, sizeof kv);
+    setup_case(NULL, 4, 0x22, plan, kv, 2, KVS_ERR_FORMAT,
+               "party 0 sent a bad step control byte");
 }
 
 static void test_connections(void)
