@@ -1,7 +1,8 @@
 /* The two-party engine's argument and handshake checks (issue 16): every call here must fail
  * with the documented status and a message naming the parameter, the peer or the address at
  * fault. The gate and forward-pass checks run before any message is exchanged, so a lone
- * context (no channels) reaches them; the transport's checks run on socketpairs, with hello
+ * context (no channels) reaches them (and one local run checks how a role's failure is
+ * reported); the transport's checks run on socketpairs, with hello
  * messages written by hand from the documented layout (tests/test_mpc_net.c has the wire
  * format). Nothing here touches the network beyond 127.0.0.1 and an unassignable address. */
 #include <fcntl.h>
@@ -16,6 +17,7 @@
 #include "mpc/gates_cache.h"
 #include "mpc/gates_nl.h"
 #include "mpc/gates_select.h"
+#include "mpc/local.h"
 #include "mpc/mpcache.h"
 #include "mpc/net.h"
 
@@ -121,6 +123,33 @@ static void test_gates(void)
            "clusters of 0 rows from 5 rows");
     c.len = 0;
     kvs_mpc_cache_free(&c);
+}
+
+/* A gate's argument error inside a local run: every role fails alike, and the run reports the
+ * first role's failure under its name. */
+static kvs_status trunc_too_far(kvs_mpc *m, void *ctx, kvs_error *e)
+{
+    (void)ctx;
+    uint64_t x[2] = {1, 2};
+    return kvs_mpc_trunc(m, KVS_OP_TRUNC, kvs_mpc_is_dealer(m) ? NULL : x, 2, 63, e);
+}
+
+static void test_local_run(void)
+{
+    kvs_mpc_local_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.frac = 12;
+    cfg.insecure_plain = 1;
+    cfg.timeout_ms = 2000;
+    kvs_mpc_local_result res[3];
+    reset();
+    EXPECT(kvs_mpc_run_local(trunc_too_far, NULL, &cfg, res, &err), KVS_ERR_ARG,
+           "party 0: truncation by 63 bits: at most 62");
+    for (int i = 0; i < 3; i++) {
+        CHECKF(res[i].st == KVS_ERR_ARG && strstr(res[i].msg, "truncation by 63 bits"),
+               "role %d: %d '%s'", i, (int)res[i].st, res[i].msg);
+        kvs_mpc_local_result_free(&res[i]);
+    }
 }
 
 /* ---- the forward pass and the KV selection state (a shape, no weights) ---- */
@@ -481,6 +510,7 @@ static void test_tcp_args(void)
 int main(void)
 {
     test_gates();
+    test_local_run();
     test_forward();
     test_open_args();
     test_send_recv_args();
