@@ -20,6 +20,7 @@
 #include "mpc/local.h"
 #include "mpc/mpcache.h"
 #include "mpc/net.h"
+#include "mpc/net_internal.h"
 
 /* The call returns want_st with a message containing want (the call writes the global err). */
 #define EXPECT(call, want_st, want)                                                          \
@@ -450,6 +451,98 @@ static void test_hello(void)
     bad_hello(x, 80, "malformed handshake: encryption flag 2");
 }
 
+static int read_all(int fd, uint8_t *b, size_t n)
+{
+    while (n > 0) {
+        ssize_t r = read(fd, b, n);
+        if (r <= 0)
+            return -1;
+        b += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* A peer that holds the right key but confirms it with other words: the handshake's GCM tag
+ * verifies, the plaintext does not match. The peer is written by hand from net.h's description
+ * (keys: HKDF-SHA256(psk, salt = both nonces, info = "kvslim-mpc-chan v1 key FROM->TO" and the
+ * SHA-256 of both hellos, lower role first); GCM nonce = the sequence number; AAD = the
+ * header). A conforming peer cannot do this, so it is the one way to reach the check. The same
+ * peer confirming with the right words must be accepted: that shows its keys are right, so the
+ * refusal comes from the comparison, not from the tag (both end in the same message). */
+static void fake_confirmation(const uint8_t words[32], opener *o)
+{
+    static const uint8_t psk[32] = "0123456789abcdef0123456789abcde";
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+        CHECK(!"socketpair");
+        return;
+    }
+    memset(o, 0, sizeof *o);
+    o->fd = sv[1];
+    o->p = params(0, 1);
+    o->p.insecure_plain = 0;
+    o->p.psk = psk;
+    pthread_t t;
+    pthread_create(&t, NULL, open_main, o);
+    /* our hello (party 1, encrypting) in a plain frame, sequence 0 */
+    uint8_t mine[20 + 80], theirs[20 + 80];
+    memset(mine, 0, sizeof mine);
+    memcpy(mine, "KVS2", 4);
+    put_le(mine + 8, 80, 4);
+    uint8_t *h = mine + 20;
+    put_le(h, 0x4853564Bu, 4);
+    put_le(h + 4, 1, 4);
+    h[8] = 1;
+    h[9] = 0;
+    h[10] = 64;
+    h[11] = 12;
+    h[12] = 1;
+    for (int i = 0; i < 32; i++)
+        h[48 + i] = (uint8_t)(3 * i + 1);
+    CHECK(write(sv[0], mine, sizeof mine) == (ssize_t)sizeof mine);
+    int ok = read_all(sv[0], theirs, sizeof theirs) == 0;
+    CHECK(ok);
+    /* party 0 is the lower role: its hello first */
+    const uint8_t *lo = theirs + 20, *hi = h;
+    uint8_t salt[64], transcript[32], key[32], info[64 + 32];
+    memcpy(salt, lo + 48, 32);
+    memcpy(salt + 32, hi + 48, 32);
+    int k = snprintf((char *)info, 64, "kvslim-mpc-chan v1 key %d->%d", 1, 0);
+    ok = ok && kvs_net_sha256(lo, 80, hi, 80, transcript) == 0;
+    memcpy(info + k, transcript, 32);
+    ok = ok && kvs_net_hkdf_sha256(psk, 32, salt, 64, info, (size_t)k + 32, key) == 0;
+    kvs_gcm *g = ok ? kvs_gcm_new(key, 1) : NULL;
+    CHECK(g != NULL);
+    if (g) {
+        uint8_t frame[20 + 32 + 16];
+        memcpy(frame, "KVS2", 4);
+        put_le(frame + 4, KVS_OP_HANDSHAKE, 2);
+        put_le(frame + 6, 1, 2); /* encrypted */
+        put_le(frame + 8, 32, 4);
+        put_le(frame + 12, 1, 8);
+        CHECK(kvs_gcm_seal(g, 1, frame, 20, words, 32, frame + 20, frame + 52) == 0);
+        CHECK(write(sv[0], frame, sizeof frame) == (ssize_t)sizeof frame);
+        kvs_gcm_free(g);
+    }
+    pthread_join(t, NULL);
+    close(sv[0]);
+}
+
+static void test_wrong_confirmation(void)
+{
+    opener o;
+    fake_confirmation((const uint8_t *)"kvslim two-party key confirm v1", &o);
+    CHECKF(o.st == KVS_OK, "the right words: %s", o.err.msg);
+    kvs_chan_close(o.c);
+    fake_confirmation((const uint8_t *)"not the key confirmation text..", &o);
+    CHECKF(o.st == KVS_ERR_FORMAT &&
+               strstr(o.err.msg, "handshake failed: the peer's key confirmation did not "
+                                 "authenticate"),
+           "status %d '%s'", (int)o.st, o.err.msg);
+    kvs_chan_close(o.c);
+}
+
 /* ---- TCP helpers ---- */
 
 static void test_tcp_args(void)
@@ -515,6 +608,7 @@ int main(void)
     test_open_args();
     test_send_recv_args();
     test_hello();
+    test_wrong_confirmation();
     test_tcp_args();
     return check_summary("test_errors_mpc");
 }
