@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -151,6 +152,40 @@ static void test_local_run(void)
                "role %d: %d '%s'", i, (int)res[i].st, res[i].msg);
         kvs_mpc_local_result_free(&res[i]);
     }
+}
+
+/* No descriptors left for the socket pairs: the soft limit on open files is set to the lowest
+ * free descriptor plus two, so the first pair is made and the second is not (the first must be
+ * closed again: the next descriptor opened is the same lowest one). */
+static void test_local_no_fds(void)
+{
+    struct rlimit old;
+    int lowest = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (lowest < 0 || getrlimit(RLIMIT_NOFILE, &old) != 0) {
+        CHECK(!"open or getrlimit");
+        return;
+    }
+    close(lowest);
+    struct rlimit tight = old;
+    tight.rlim_cur = (rlim_t)lowest + 2;
+    kvs_mpc_local_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.frac = 12;
+    cfg.insecure_plain = 1;
+    kvs_mpc_local_result res[3];
+    reset();
+    kvs_status st = KVS_ERR_IO;
+    if (setrlimit(RLIMIT_NOFILE, &tight) == 0) {
+        st = kvs_mpc_run_local(trunc_too_far, NULL, &cfg, res, &err);
+        setrlimit(RLIMIT_NOFILE, &old);
+    } else {
+        CHECK(!"setrlimit");
+    }
+    CHECKF(st == KVS_ERR_IO && strstr(err.msg, "cannot make socket pairs for a local run"),
+           "%d '%s'", (int)st, err.msg);
+    int again = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    CHECKF(again == lowest, "descriptor %d after the failed run, %d before", again, lowest);
+    close(again);
 }
 
 /* ---- the forward pass and the KV selection state (a shape, no weights) ---- */
@@ -604,6 +639,7 @@ int main(void)
 {
     test_gates();
     test_local_run();
+    test_local_no_fds();
     test_forward();
     test_open_args();
     test_send_recv_args();
