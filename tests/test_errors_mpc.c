@@ -1,10 +1,11 @@
 /* The two-party engine's argument and handshake checks (issue 16): every call here must fail
  * with the documented status and a message naming the parameter, the peer or the address at
  * fault. The gate and forward-pass checks run before any message is exchanged, so a lone
- * context (no channels) reaches them (and one local run checks how a role's failure is
- * reported); the transport's checks run on socketpairs, with hello
- * messages written by hand from the documented layout (tests/test_mpc_net.c has the wire
- * format). Nothing here touches the network beyond 127.0.0.1 and an unassignable address. */
+ * context (no channels) reaches them; two local runs check how a role's failure is reported
+ * and what happens without descriptors for the socket pairs. The transport's checks run on
+ * socketpairs, with hello and confirmation messages written by hand from the documented layout
+ * (tests/test_mpc_net.c has the wire format). Nothing here touches the network beyond
+ * 127.0.0.1 and an unassignable address. */
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
