@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/debug.h"
 #include "mpc/fxp.h"
 #include "mpc/gates_select.h"
 #include "mpc/mpcache_internal.h"
@@ -135,9 +136,10 @@ kvs_status kvs_fx_sel_compress(kvs_fx_llama *E, kvs_error *err)
     const size_t heads = (size_t)E->plan.s.n_kv_heads, w = heads * (size_t)E->plan.s.head_dim;
     if (s->compressed)
         return KVS_OK;
-    if (E->len != P)
-        return kvs_fail(err, KVS_ERR_ARG, "the static step needs the %zu prompt rows (%zu held)",
-                        P, E->len);
+    /* Only kvs_fx_llama_step calls this, when plan.pos reaches P; E->len counts the same steps
+     * (both grow by one a token, and only this function changes E->len otherwise, after which
+     * compressed is set), so the prompt's rows are all here. */
+    KVS_ASSERT(E->len == P);
     kvs_status st = kvs_fx_reserve(E, Np + 1, err);
     uint64_t *kr = st == KVS_OK ? malloc(sizeof *kr * (2 * Np * w + 1)) : NULL;
     if (st == KVS_OK && !kr)
