@@ -365,3 +365,35 @@ int fx_same_kept(const fx_run *a, const fx_run *b, const kvs_model_info *info)
                 return 0;
     return 1;
 }
+
+kvs_status fx_write_test_vocab(kvs_gguf_writer *w, int n_tokens)
+{
+    const size_t n = n_tokens > 0 ? (size_t)n_tokens : 0;
+    char(*names)[16] = malloc((n ? n : 1) * sizeof *names);
+    const char **pieces = malloc((n ? n : 1) * sizeof *pieces);
+    float *scores = calloc(n ? n : 1, sizeof *scores);
+    int32_t *types = malloc((n ? n : 1) * sizeof *types);
+    kvs_status st = names && pieces && scores && types ? KVS_OK : KVS_ERR_NOMEM;
+    for (size_t i = 0; st == KVS_OK && i < n; i++) {
+        snprintf(names[i], sizeof names[i], i < 3 ? "<c%zu>" : "p%zu", i);
+        pieces[i] = names[i];
+        types[i] = i < 3 ? 3 : 1;
+    }
+    if (st == KVS_OK)
+        st = kvs_gguf_set_str(w, "tokenizer.ggml.model", "llama");
+    if (st == KVS_OK)
+        st = kvs_gguf_set_arr_str(w, "tokenizer.ggml.tokens", pieces, n);
+    if (st == KVS_OK)
+        st = kvs_gguf_set_arr_f32(w, "tokenizer.ggml.scores", scores, n);
+    if (st == KVS_OK)
+        st = kvs_gguf_set_arr_i32(w, "tokenizer.ggml.token_type", types, n);
+    if (st == KVS_OK)
+        st = kvs_gguf_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
+    if (st == KVS_OK)
+        st = kvs_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
+    free(names);
+    free(pieces);
+    free(scores);
+    free(types);
+    return st;
+}

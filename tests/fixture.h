@@ -1,7 +1,8 @@
 /* The shared fixture of the unit tests on the reference model (tests/fixture.c, linked into
- * every unit test): stories260K and the golden token sample, a run helper that feeds the first
- * FX_PROMPT tokens as the prompt and decodes the following ones teacher-forced, and an observer
- * that checks the generic invariants of the policy's kind after every hook:
+ * every unit test, which also writes the tokenizer keys of the tests' own small models):
+ * stories260K and the golden token sample, a run helper that feeds the first FX_PROMPT tokens
+ * as the prompt and decodes the following ones teacher-forced, and an observer that checks
+ * the generic invariants of the policy's kind after every hook:
  *   - every head's positions increase, and none is a position not yet fed;
  *   - the exact live slots: evicting policies hold min(seen, budget) (budget - 1 after
  *     before_append, which makes room for the incoming token), one-shot policies min(seen,
@@ -17,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gguf/gguf.h"
 #include "kv/kv.h"
 #include "kv/policy.h"
 #include "policies/registry.h"
@@ -82,5 +84,10 @@ int fx_argmax(const float *x, int n);
 int fx_same_kept(const fx_run *a, const fx_run *b, const kvs_model_info *info);
 /* 1 if the policy type declares a parameter of that name. */
 int fx_has_param(const kvs_policy_type *t, const char *name);
+
+/* Sets the tokenizer.ggml.* keys of a small llama vocabulary for the tests that write their own
+ * GGUF model: n_tokens pieces <c0> <c1> <c2> (control) then p3, p4, ... (normal), scores 0,
+ * BOS 1, EOS 2. KVS_OK, or the first setter's failure (KVS_ERR_NOMEM if out of memory). */
+kvs_status fx_write_test_vocab(kvs_gguf_writer *w, int n_tokens);
 
 #endif

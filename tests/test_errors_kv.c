@@ -32,6 +32,35 @@ static kvs_status parse(const char *text, kvs_policy_spec *spec)
     return st;
 }
 
+/* The cache most cases use: L layers, NH query and NKV KV heads of HD, a context of CTX, F32. */
+static const kvs_kv_config base = {L, NH, NKV, HD, CTX, KVS_F32, 0};
+
+/* Frees what open_kv made (either may be NULL). */
+static void close_kv(kvs_kv *kv, kvs_pool *pool)
+{
+    kvs_kv_free(kv);
+    kvs_pool_destroy(pool);
+}
+
+/* Opens a cache of config c and --kv spec_text and a 1-thread pool, CHECKed: 1, or 0 (none). */
+static int open_kv(const char *spec_text, kvs_kv_config c, kvs_kv **kv, kvs_pool **pool)
+{
+    kvs_policy_spec spec;
+    kvs_error err = {0};
+    *kv = NULL;
+    *pool = kvs_pool_create(1);
+    kvs_status st = parse(spec_text, &spec);
+    if (st == KVS_OK)
+        st = kvs_kv_new(&c, &spec, kv, &err);
+    CHECKF(st == KVS_OK && *pool, "%s: %s", spec_text, *pool ? err.msg : "no thread pool");
+    if (st == KVS_OK && *pool)
+        return 1;
+    close_kv(*kv, *pool);
+    *kv = NULL;
+    *pool = NULL;
+    return 0;
+}
+
 static void config_checks(void)
 {
     kvs_policy_spec full;
@@ -61,29 +90,23 @@ static void config_checks(void)
 
 static void budget_over_context(void)
 {
-    kvs_policy_spec spec;
     kvs_error err = {0};
-    kvs_kv_config c = {L, NH, NKV, HD, CTX, KVS_F32, 0};
-    kvs_kv *kv = NULL;
+    kvs_kv *kv;
+    kvs_pool *pool;
     /* A fraction of a prompt longer than the context: the message suggests slots=N. */
-    parse("h2o:budget=0.5", &spec);
-    CHECK(kvs_kv_new(&c, &spec, &kv, &err) == KVS_OK);
-    if (kv) {
+    if (open_kv("h2o:budget=0.5", base, &kv, &pool)) {
         kvs_status st = kvs_kv_begin_prompt(kv, 40, &err);
         CHECK_ERR(st, KVS_ERR_ARG, "--kv h2o:budget=0.5: budget of 20 slots (of a prompt of 40 "
                                    "tokens) exceeds the context of 16 tokens");
         CHECK(strstr(err.msg, "give a count of slots"));
-        kvs_kv_free(kv);
+        close_kv(kv, pool);
     }
     /* A count above the context. */
-    kv = NULL;
-    parse("h2o:slots=17", &spec);
-    CHECK(kvs_kv_new(&c, &spec, &kv, &err) == KVS_OK);
-    if (kv) {
+    if (open_kv("h2o:slots=17", base, &kv, &pool)) {
         kvs_status st = kvs_kv_begin_prompt(kv, 8, &err);
         CHECK_ERR(st, KVS_ERR_ARG, "--kv h2o:slots=17: budget of 17 slots exceeds the context "
                                    "of 16 tokens");
-        kvs_kv_free(kv);
+        close_kv(kv, pool);
     }
 }
 
@@ -104,18 +127,11 @@ static void fill(void)
 
 static void layer_order(void)
 {
-    kvs_policy_spec spec;
     kvs_error err = {0};
-    kvs_kv_config c = {L, NH, NKV, HD, CTX, KVS_F32, 0};
-    kvs_kv *kv = NULL;
-    kvs_pool *pool = kvs_pool_create(1);
-    parse("full", &spec);
-    CHECK(kvs_kv_new(&c, &spec, &kv, &err) == KVS_OK);
-    if (!kv || !pool) {
-        kvs_pool_destroy(pool);
-        kvs_kv_free(kv);
+    kvs_kv *kv;
+    kvs_pool *pool;
+    if (!open_kv("full", base, &kv, &pool))
         return;
-    }
     /* Before any prompt. */
     kvs_status st = kvs_kv_layer(kv, pool, 0, 1, q, k, v, pos, out, &err);
     CHECK_ERR(st, KVS_ERR_ARG, "no prompt has begun (kvs_kv_begin_prompt)");
@@ -138,54 +154,45 @@ static void layer_order(void)
     /* Decoding takes one token at a time. */
     st = kvs_kv_layer(kv, pool, 0, 2, q, k, v, pos + 4, out, &err);
     CHECK_ERR(st, KVS_ERR_ARG, "decode steps take one token, got 2");
-    kvs_kv_free(kv);
+    close_kv(kv, pool);
 
     /* hashevict (paper prefill) takes the prompt beyond its slots token by token: a larger
      * batch is refused with the limit kvs_kv_prompt_batch gives. */
-    kv = NULL;
-    parse("hashevict:slots=4,sinks=0,recent=0", &spec);
-    CHECK(kvs_kv_new(&c, &spec, &kv, &err) == KVS_OK);
-    if (kv) {
+    if (open_kv("hashevict:slots=4,sinks=0,recent=0", base, &kv, &pool)) {
         CHECKF(kvs_kv_begin_prompt(kv, 8, &err) == KVS_OK, "%s", err.msg);
         CHECKF(kvs_kv_prompt_batch(kv) == 4, "prompt batch %d", kvs_kv_prompt_batch(kv));
         st = kvs_kv_layer(kv, pool, 0, 8, q, k, v, pos, out, &err);
         CHECK_ERR(st, KVS_ERR_ARG, "batch of 8 prompt tokens exceeds the 4 the KV policy "
                                    "hashevict:slots=4,sinks=0,recent=0 takes next");
-        kvs_kv_free(kv);
+        close_kv(kv, pool);
     }
-    kvs_pool_destroy(pool);
 }
 
 static void shift_with_shadow(void)
 {
-    kvs_policy_spec spec;
     kvs_error err = {0};
-    kvs_kv_config c = {L, NH, NKV, HD, CTX, KVS_F32, 1};
-    kvs_kv *kv = NULL;
-    parse("streaming:slots=8,shift=on", &spec);
-    CHECK(kvs_kv_new(&c, &spec, &kv, &err) == KVS_OK);
-    if (!kv)
+    kvs_kv_config c = base;
+    c.shadow = 1;
+    kvs_kv *kv;
+    kvs_pool *pool;
+    if (!open_kv("streaming:slots=8,shift=on", c, &kv, &pool))
         return;
     const kvs_rope_cfg rope = {HD, 10000.0f, 0};
     int32_t delta = -1;
     kvs_status st = kvs_kv_shift(kv, 20, &rope, &delta, &err);
     CHECK_ERR(st, KVS_ERR_ARG, "position shifting cannot run with the attention recall");
     CHECK(delta == 0);
-    kvs_kv_free(kv);
+    close_kv(kv, pool);
 }
 
 /* Layers holding as many tokens but at other positions are as different as layers holding
  * other counts: the layer similarity compares the positions, not just their number. */
 static void similarity_positions(void)
 {
-    kvs_policy_spec spec;
     kvs_error err = {0};
-    kvs_kv_config c = {L, NH, NKV, HD, CTX, KVS_F32, 0};
-    kvs_kv *kv = NULL;
-    kvs_pool *pool = kvs_pool_create(1);
-    parse("full", &spec);
-    CHECK(pool && kvs_kv_new(&c, &spec, &kv, &err) == KVS_OK);
-    if (kv && pool) {
+    kvs_kv *kv;
+    kvs_pool *pool;
+    if (open_kv("full", base, &kv, &pool)) {
         CHECK(kvs_kv_begin_prompt(kv, 4, &err) == KVS_OK);
         CHECKF(kvs_kv_layer(kv, pool, 0, 4, q, k, v, pos, out, &err) == KVS_OK, "%s", err.msg);
         CHECKF(kvs_kv_layer(kv, pool, 1, 4, q, k, v, pos + 4, out, &err) == KVS_OK, "%s",
@@ -193,9 +200,8 @@ static void similarity_positions(void)
         kvs_layer_sim sim[L];
         kvs_status st = kvs_layer_similarity(kv, sim, &err);
         CHECK_ERR(st, KVS_ERR_ARG, "layer similarity needs a full cache: layer 1 head 0 holds");
+        close_kv(kv, pool);
     }
-    kvs_kv_free(kv);
-    kvs_pool_destroy(pool);
 }
 
 /* MPCache's sharing layers keep the positions their partner kept; layers fed other positions
@@ -203,14 +209,13 @@ static void similarity_positions(void)
 static void mpcache_share(void)
 {
     enum { ML = 4, N = 16 };
-    kvs_policy_spec spec;
     kvs_error err = {0};
-    kvs_kv_config c = {ML, NH, NKV, HD, MAXT, KVS_F32, 0};
-    kvs_kv *kv = NULL;
-    kvs_pool *pool = kvs_pool_create(1);
-    parse("mpcache:budget=0.5,skip=0,share=on", &spec);
-    CHECK(pool && kvs_kv_new(&c, &spec, &kv, &err) == KVS_OK);
-    if (kv && pool) {
+    kvs_kv_config c = base;
+    c.n_layers = ML;
+    c.max_slots = MAXT;
+    kvs_kv *kv;
+    kvs_pool *pool;
+    if (open_kv("mpcache:budget=0.5,skip=0,share=on", c, &kv, &pool)) {
         CHECKF(kvs_kv_begin_prompt(kv, N, &err) == KVS_OK, "%s", err.msg);
         kvs_status st = KVS_OK;
         for (int l = 0; l < ML && st == KVS_OK; l++) /* layer l at positions 16 l .. 16 l + 15 */
@@ -218,54 +223,41 @@ static void mpcache_share(void)
         CHECK_ERR(st, KVS_ERR_ARG, "--kv mpcache:budget=0.5,skip=0,share=on: layer ");
         CHECKF(strstr(err.msg, "cannot share layer") && strstr(err.msg, "(0 found)"), "%s",
                err.msg);
+        close_kv(kv, pool);
     }
-    kvs_kv_free(kv);
-    kvs_pool_destroy(pool);
 }
 
 /* NACL's explicit proxy span must be a non-empty span inside the prompt: begin at or after
  * its end is refused when the prompt begins, with the span and the prompt length. */
 static void nacl_proxy_span(void)
 {
-    kvs_policy_spec spec;
     kvs_error err = {0};
-    kvs_kv_config c = {L, NH, NKV, HD, CTX, KVS_F32, 0};
-    kvs_kv *kv = NULL;
-    kvs_pool *pool = kvs_pool_create(1);
-    parse("nacl:slots=4,proxy_begin=6,proxy_end=6", &spec);
-    CHECK(pool && kvs_kv_new(&c, &spec, &kv, &err) == KVS_OK);
-    if (kv && pool) {
+    kvs_kv *kv;
+    kvs_pool *pool;
+    if (open_kv("nacl:slots=4,proxy_begin=6,proxy_end=6", base, &kv, &pool)) {
         kvs_status st = kvs_kv_begin_prompt(kv, 8, &err);
         for (int l = 0; l < L && st == KVS_OK; l++)
             st = kvs_kv_layer(kv, pool, l, 8, q, k, v, pos, out, &err);
         CHECK_ERR(st, KVS_ERR_ARG, "proxy span [6, 6) is not a non-empty span inside the "
                                    "prompt of 8 tokens");
+        close_kv(kv, pool);
     }
-    kvs_kv_free(kv);
-    kvs_pool_destroy(pool);
 }
 
 /* pqcache: a local window longer than the context is refused when the prompt begins, and a
  * second prompt into the same cache (whose middle tokens would be lost with the tier). */
 static void pqcache(void)
 {
-    kvs_policy_spec spec;
     kvs_error err = {0};
-    kvs_kv_config c = {L, NH, NKV, HD, CTX, KVS_F32, 0};
-    kvs_kv *kv = NULL;
-    parse("pqcache:budget=0.5,local=17", &spec);
-    CHECK(kvs_kv_new(&c, &spec, &kv, &err) == KVS_OK);
-    if (kv) {
+    kvs_kv *kv;
+    kvs_pool *pool;
+    if (open_kv("pqcache:budget=0.5,local=17", base, &kv, &pool)) {
         kvs_status st = kvs_kv_begin_prompt(kv, 8, &err);
         CHECK_ERR(st, KVS_ERR_ARG, "--kv pqcache:budget=0.5,local=17: local=17 exceeds the "
                                    "context of 16 tokens");
-        kvs_kv_free(kv);
+        close_kv(kv, pool);
     }
-    kv = NULL;
-    parse("pqcache:budget=0.5,init=1,local=2,bits=1", &spec);
-    kvs_pool *pool = kvs_pool_create(1);
-    CHECK(pool && kvs_kv_new(&c, &spec, &kv, &err) == KVS_OK);
-    if (kv && pool) {
+    if (open_kv("pqcache:budget=0.5,init=1,local=2,bits=1", base, &kv, &pool)) {
         CHECKF(kvs_kv_begin_prompt(kv, 8, &err) == KVS_OK, "%s", err.msg);
         for (int l = 0; l < L; l++)
             CHECKF(kvs_kv_layer(kv, pool, l, 8, q, k, v, pos, out, &err) == KVS_OK, "%s",
@@ -275,9 +267,8 @@ static void pqcache(void)
         CHECK_ERR(st, KVS_ERR_UNSUPPORTED, "pqcache takes one prompt per cache; the cache "
                                            "already holds tokens");
         CHECK(strstr(err.msg, "--kv pqcache:budget=0.5,init=1,local=2,bits=1") != NULL);
+        close_kv(kv, pool);
     }
-    kvs_kv_free(kv);
-    kvs_pool_destroy(pool);
 }
 
 /* Feeds a prompt of n tokens to every layer in the batches kvs_kv_prompt_batch gives, then
@@ -349,18 +340,13 @@ static void second_prompt(void)
 static void minicache_order(void)
 {
     enum { ML = 4 };
-    kvs_policy_spec spec;
     kvs_error err = {0};
-    kvs_kv_config c = {ML, NH, NKV, HD, CTX, KVS_F32, 0};
-    kvs_pool *pool = kvs_pool_create(1);
-    parse("minicache", &spec);
-    kvs_kv *kv = NULL;
-    CHECK(pool && kvs_kv_new(&c, &spec, &kv, &err) == KVS_OK);
-    if (!kv || !pool) {
-        kvs_kv_free(kv);
-        kvs_pool_destroy(pool);
+    kvs_kv_config c = base;
+    c.n_layers = ML;
+    kvs_kv *kv;
+    kvs_pool *pool;
+    if (!open_kv("minicache", c, &kv, &pool))
         return;
-    }
     /* Layer 2 fed the whole prompt twice within one batch. */
     CHECK(kvs_kv_begin_prompt(kv, 8, &err) == KVS_OK);
     kvs_status st = kvs_kv_layer(kv, pool, 2, 8, q, k, v, pos, out, &err);
@@ -386,8 +372,7 @@ static void minicache_order(void)
     CHECKF(st == KVS_OK, "%s", err.msg);
     st = kvs_kv_layer(kv, pool, 3, 1, q, k, v, pos + next, out, &err);
     CHECK_ERR(st, KVS_ERR_ARG, "minicache: layer 3 ran before layer 2 in a decode step");
-    kvs_kv_free(kv);
-    kvs_pool_destroy(pool);
+    close_kv(kv, pool);
 }
 
 /* The restored view (MiniCache's, a tail slot or scales) takes one query row and none of the

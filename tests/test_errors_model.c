@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "fixture.h"
 #include "gguf/gguf.h"
 #include "kvslim.h"
 #include "model/forward.h"
@@ -58,21 +59,7 @@ static kvs_status write_model(const char *path, const tweak *t)
     kvs_gguf_set_u32(w, "llama.attention.head_count_kv", KV);
     if (t->keys)
         t->keys(w);
-    const int n_tok = t->n_tokens ? t->n_tokens : VOCAB;
-    const char *pieces[VOCAB];
-    char names[VOCAB][16];
-    int32_t types[VOCAB];
-    for (int i = 0; i < n_tok; i++) {
-        snprintf(names[i], sizeof names[i], i < 3 ? "<c%d>" : "p%d", i);
-        pieces[i] = names[i];
-        types[i] = i < 3 ? 3 : 1;
-    }
-    kvs_gguf_set_str(w, "tokenizer.ggml.model", "llama");
-    kvs_gguf_set_arr_str(w, "tokenizer.ggml.tokens", pieces, (uint64_t)n_tok);
-    kvs_gguf_set_arr_f32(w, "tokenizer.ggml.scores", zeros, (uint64_t)n_tok);
-    kvs_gguf_set_arr_i32(w, "tokenizer.ggml.token_type", types, (uint64_t)n_tok);
-    kvs_gguf_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
-    kvs_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
+    fx_write_test_vocab(w, t->n_tokens ? t->n_tokens : VOCAB);
     add(w, "token_embd.weight", VOCAB, t->emb_cols ? t->emb_cols : DIM, zeros);
     add(w, "output_norm.weight", 1, t->norm_len ? t->norm_len : DIM, ones);
     if (t->out_rows)
@@ -116,6 +103,18 @@ static void expect_load(const char *path, const tweak *t, kvs_status code, const
 }
 #define EXPECT_LOAD(t, code, want) expect_load(path, t, code, want, __LINE__)
 
+/* Writes the tweaked model (t NULL: untweaked) and loads it, CHECKing both: the model or NULL. */
+static kvs_model *load_ok(const char *path, const tweak *t, int line)
+{
+    static const tweak none = {0};
+    CHECKF(write_model(path, t ? t : &none) == KVS_OK, "line %d: cannot write %s", line, path);
+    kvs_model *m = NULL;
+    kvs_error err = {0};
+    CHECKF(kvs_model_load(path, &m, &err) == KVS_OK, "line %d: %s", line, err.msg);
+    return m;
+}
+#define LOAD_OK(t) load_ok(path, t, __LINE__)
+
 /* ---- hyperparameter defects ---- */
 static void k_dim0(kvs_gguf_writer *w) { kvs_gguf_set_u32(w, "llama.embedding_length", 0); }
 static void k_ctx0(kvs_gguf_writer *w) { kvs_gguf_set_u32(w, "llama.context_length", 0); }
@@ -157,12 +156,7 @@ static void k_eps_f64(kvs_gguf_writer *w)
 
 static void test_hparams(const char *path)
 {
-    tweak ok = {0};
-    CHECK(write_model(path, &ok) == KVS_OK);
-    kvs_model *m = NULL;
-    kvs_error err = {0};
-    CHECKF(kvs_model_load(path, &m, &err) == KVS_OK, "the valid model: %s", err.msg);
-    kvs_model_free(m);
+    kvs_model_free(LOAD_OK(NULL)); /* the valid model */
 
     EXPECT_LOAD(&((tweak){.keys = k_dim0}), KVS_ERR_FORMAT,
                 "llama metadata: embedding_length, feed_forward_length, block_count, head_count "
@@ -203,13 +197,7 @@ static void test_hparams(const char *path)
         snprintf(want, sizeof want, "general.architecture is '%.64s', which", arch);
         EXPECT_LOAD(&((tweak){.arch = arch}), KVS_ERR_UNSUPPORTED, want);
     }
-    {   /* "none" is no scaling: loads */
-        tweak none = {.keys = k_none};
-        CHECK(write_model(path, &none) == KVS_OK);
-        m = NULL;
-        CHECKF(kvs_model_load(path, &m, &err) == KVS_OK, "scaling type none: %s", err.msg);
-        kvs_model_free(m);
-    }
+    kvs_model_free(LOAD_OK(&((tweak){.keys = k_none}))); /* "none" is no scaling: loads */
     EXPECT_LOAD(&((tweak){.keys = k_eps_f64}), KVS_ERR_FORMAT,
                 "metadata key 'llama.attention.layer_norm_rms_epsilon': value 1e+300 does not "
                 "fit in f32");
@@ -246,11 +234,7 @@ static void test_tensors(const char *path)
          * naming scheme (not the llama loader's to judge) load */
         const float freqs[4] = {1, 2, 4, 8};
         tweak fine = {.out_rows = VOCAB, .rope_freqs = freqs, .extra = "mm.projector.weight"};
-        CHECK(write_model(path, &fine) == KVS_OK);
-        kvs_model *m = NULL;
-        kvs_error err = {0};
-        CHECKF(kvs_model_load(path, &m, &err) == KVS_OK, "%s", err.msg);
-        kvs_model_free(m);
+        kvs_model_free(LOAD_OK(&fine));
     }
     /* the vocabulary of the tokenizer and of the embedding must agree */
     EXPECT_LOAD(&((tweak){.n_tokens = VOCAB - 1}), KVS_ERR_FORMAT,
@@ -261,10 +245,7 @@ static void test_tensors(const char *path)
 static void test_session(const char *path)
 {
     kvs_error err = {0};
-    kvs_model *m = NULL;
-    tweak ok = {0};
-    CHECK(write_model(path, &ok) == KVS_OK);
-    CHECKF(kvs_model_load(path, &m, &err) == KVS_OK, "%s", err.msg);
+    kvs_model *m = LOAD_OK(NULL);
     if (!m)
         return;
     kvs_session_params p = kvs_session_default_params();
@@ -329,10 +310,7 @@ static void test_session(const char *path)
     kvs_model_free(m);
 
     /* Shifting re-rotates keys with the unscaled frequencies: refused on a scaled model. */
-    tweak scaled = {.keys = k_scale2};
-    CHECK(write_model(path, &scaled) == KVS_OK);
-    m = NULL;
-    CHECKF(kvs_model_load(path, &m, &err) == KVS_OK, "%s", err.msg);
+    m = LOAD_OK(&((tweak){.keys = k_scale2}));
     p = kvs_session_default_params();
     p.kv_policy = "h2o:slots=16";
     p.context_shift = 1;
@@ -348,10 +326,7 @@ static void test_session(const char *path)
 static void test_forward(const char *path)
 {
     kvs_error err = {0};
-    kvs_model *m = NULL;
-    tweak ok = {0};
-    CHECK(write_model(path, &ok) == KVS_OK);
-    CHECKF(kvs_model_load(path, &m, &err) == KVS_OK, "%s", err.msg);
+    kvs_model *m = LOAD_OK(NULL);
     if (!m)
         return;
     kvs_forward_buf b;

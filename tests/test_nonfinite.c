@@ -7,6 +7,7 @@
 
 #include "check.h"
 #include "eval/eval.h"
+#include "fixture.h"
 #include "kvslim.h"
 #include "gguf/gguf.h"
 
@@ -46,21 +47,7 @@ static kvs_status write_model(const char *path, const fills *f)
     kvs_gguf_set_u32(w, "llama.block_count", LAYERS);
     kvs_gguf_set_u32(w, "llama.attention.head_count", HEADS);
     kvs_gguf_set_u32(w, "llama.attention.head_count_kv", KV);
-    const char *pieces[VOCAB];
-    char names[VOCAB][16];
-    float scores[VOCAB] = {0};
-    int32_t types[VOCAB];
-    for (int i = 0; i < VOCAB; i++) {
-        snprintf(names[i], sizeof names[i], i < 3 ? "<c%d>" : "p%d", i);
-        pieces[i] = names[i];
-        types[i] = i < 3 ? 3 : 1;
-    }
-    kvs_gguf_set_str(w, "tokenizer.ggml.model", "llama");
-    kvs_gguf_set_arr_str(w, "tokenizer.ggml.tokens", pieces, VOCAB);
-    kvs_gguf_set_arr_f32(w, "tokenizer.ggml.scores", scores, VOCAB);
-    kvs_gguf_set_arr_i32(w, "tokenizer.ggml.token_type", types, VOCAB);
-    kvs_gguf_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
-    kvs_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
+    fx_write_test_vocab(w, VOCAB);
     add(w, f, "token_embd.weight", VOCAB, DIM, 0.01f);
     add(w, f, "output_norm.weight", 1, DIM, 1);
     char name[64];
