@@ -369,7 +369,7 @@ int fx_same_kept(const fx_run *a, const fx_run *b, const kvs_model_info *info)
 kvs_status fx_write_test_vocab(kvs_gguf_writer *w, int n_tokens)
 {
     const size_t n = n_tokens > 0 ? (size_t)n_tokens : 0;
-    char(*names)[16] = malloc((n ? n : 1) * sizeof *names);
+    char(*names)[24] = malloc((n ? n : 1) * sizeof *names);
     const char **pieces = malloc((n ? n : 1) * sizeof *pieces);
     float *scores = calloc(n ? n : 1, sizeof *scores);
     int32_t *types = malloc((n ? n : 1) * sizeof *types);
