@@ -276,9 +276,17 @@ static uint64_t mix(uint64_t z)
     return z ^ (z >> 31);
 }
 
+static void announce(const kvs_outfile_spec *s, const char *tmp, int exists)
+{
+    if (s->on_temp && tmp)
+        s->on_temp(s->on_temp_ctx, tmp, exists);
+}
+
 /* Creates FINAL.tmp.XXXXXX beside final with mode 0666 (the kernel applies the umask: mkstemp
- * would force 0600). Returns the descriptor, or -1 with errno set. */
-static int create_temp(const char *final, char **tmp_out)
+ * would force 0600). Returns the descriptor, or -1 with errno set. Each name is announced
+ * before open() creates it, so a signal arriving at any moment finds a created file already
+ * tracked; a name that turns out taken (EEXIST) is withdrawn at once. */
+static int create_temp(const kvs_outfile_spec *s, const char *final, char **tmp_out)
 {
     static const char digits[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
     size_t n = strlen(final);
@@ -298,11 +306,15 @@ static int create_temp(const char *final, char **tmp_out)
         for (int i = 0; i < 6; i++, r /= 62)
             tmp[n + 5 + i] = digits[r % 62];
         tmp[n + 11] = 0;
+        announce(s, tmp, 1);
         int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         if (fd >= 0) {
             *tmp_out = tmp;
             return fd;
         }
+        int e = errno;
+        announce(s, tmp, 0);
+        errno = e;
         if (errno != EEXIST)
             break;
     }
@@ -310,12 +322,6 @@ static int create_temp(const char *final, char **tmp_out)
     free(tmp);
     errno = e;
     return -1;
-}
-
-static void announce(const kvs_outfile_spec *s, const char *tmp, int exists)
-{
-    if (s->on_temp && tmp)
-        s->on_temp(s->on_temp_ctx, tmp, exists);
 }
 
 /* Opens a FIFO or character device found at the path, making sure it still is one. */
@@ -371,13 +377,12 @@ kvs_status kvs_outfile_open(const kvs_outfile_spec *spec, kvs_outfile **out, kvs
     } else {
         o->final = t.final;
         t.final = NULL;
-        fd = create_temp(o->final, &o->tmp);
+        fd = create_temp(spec, o->final, &o->tmp);
         if (fd < 0) {
             snprintf(why, sizeof why, "cannot create a temporary file beside %s: %s", o->final,
                      strerror(errno));
             rc = refuse(spec, err, why);
         } else {
-            announce(spec, o->tmp, 1);
             /* Replacing a file keeps who may read it, as writing into it would. */
             if (t.kind == KVS_OUTFILE_REPLACE && fchmod(fd, t.mode) != 0) {
                 snprintf(why, sizeof why, "cannot set the mode of %s: %s", o->tmp,

@@ -13,7 +13,7 @@
  *   the same file (device and inode, after symlinks) as one of the command's inputs.
  *
  * The library installs no signal handlers: a caller that wants temporary files removed on
- * SIGINT/SIGTERM passes on_temp, which is told each temporary path right after it is created
+ * SIGINT/SIGTERM passes on_temp, which is told each temporary path just before it is created
  * and again once it has been renamed or removed. */
 #ifndef KVS_OUTFILE_H
 #define KVS_OUTFILE_H
@@ -30,7 +30,9 @@ typedef struct kvs_outfile_input {
     const char *path;
 } kvs_outfile_input;
 
-/* exists = 1: tmp_path was just created; 0: it has been renamed into place or removed. */
+/* exists = 1: tmp_path is about to be created (announced first, so a signal handler that removes
+ * it never misses a created file); 0: it has been renamed into place, removed, or was never
+ * created (the name was taken). */
 typedef void (*kvs_outfile_temp_fn)(void *ctx, const char *tmp_path, int exists);
 
 typedef struct kvs_outfile_spec {
