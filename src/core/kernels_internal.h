@@ -31,6 +31,27 @@
 #define KVS_AVX2 0
 #endif
 
+/* How far ahead of its reads a decode kernel prefetches the weights it streams. The quantised
+ * kernels spend enough arithmetic per byte that the hardware prefetcher alone left DRAM idle
+ * between bursts: on Zen 5, one thread streaming Q8_0 rows went from 17 to 37 GB/s with this
+ * distance (2 KiB: 27, 4 KiB: 29, 16 KiB: 32). The float kernels did not gain and do without. */
+#ifndef KVS_PREFETCH_BYTES
+#define KVS_PREFETCH_BYTES 8192
+#endif
+
+/* Prefetches the cache lines of [p, p + bytes) one KVS_PREFETCH_BYTES ahead (bytes a constant
+ * after inlining, so the loop unrolls). A prefetch past the end of the weights is harmless. */
+#if defined(__GNUC__)
+#define KVS_PREFETCH_AHEAD(p, bytes)                                                            \
+    do {                                                                                        \
+        const char *kvs_pf_ = (const char *)(p) + KVS_PREFETCH_BYTES;                           \
+        for (int kvs_pf_i_ = 0; kvs_pf_i_ <= (int)(bytes) / 64; kvs_pf_i_++)                    \
+            __builtin_prefetch(kvs_pf_ + 64 * kvs_pf_i_, 0, 3);                                 \
+    } while (0)
+#else
+#define KVS_PREFETCH_AHEAD(p, bytes) ((void)0)
+#endif
+
 /* An unaligned little-endian 16-bit field of a weight block (an fp16 scale). */
 static inline uint16_t kvs_load_u16(const char *p)
 {

@@ -547,6 +547,7 @@ KVS_INLINE void gemv_k_sb(int NR, kvs_dtype wt, const char *blk, int sb, const i
 {
     __m512i W[4];
     __m512 consts;
+    KVS_PREFETCH_AHEAD(blk, sb_bytes(wt)); /* see kernels_internal.h */
     if (wt == KVS_Q6_K) {
         k6_quants(blk, W);
         consts = k6_consts(blk);
@@ -585,6 +586,7 @@ KVS_INLINE void gemv_b32_group(int NR, kvs_dtype wt, const char *row, int g, int
     const size_t bs = sb_bytes(wt);
     const int qso = b32_qs_off(wt);
     const char *base = row + (size_t)g * bs;
+    KVS_PREFETCH_AHEAD(base, 8 * bs); /* see kernels_internal.h */
     const __m256 dw = kvs_fp16x8_at(base, bs, ng);
     __m512 scv[4];
     KQ_UNROLL
@@ -1147,7 +1149,9 @@ kvs_status kvs_matmul_kq(kvs_pool *pool, float *y, const float *x, const void *w
     const int col_units = (n_out + c.unit - 1) / c.unit;
     if (col_units >= 2 * nth || n_rows < 2 * nth) {
         c.col_units = col_units;
-        c.n_chunks = col_units < KQ_CHUNKS_PER_THREAD * nth ? col_units : KQ_CHUNKS_PER_THREAD * nth;
+        /* one contiguous share per thread for gemv: see kernels_matmul.c */
+        const int per_thread = c.path == PATH_GEMV ? 1 : KQ_CHUNKS_PER_THREAD;
+        c.n_chunks = col_units < per_thread * nth ? col_units : per_thread * nth;
     }
     atomic_init(&c.next_chunk, nth);
     run(pool, matmul_task, &c);

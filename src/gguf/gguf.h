@@ -86,6 +86,11 @@ kvs_status kvs_gguf_open(const char *path, kvs_gguf **out, kvs_error *err);
 kvs_status kvs_gguf_open_mem(const char *name, const void *data, uint64_t size, kvs_gguf **out,
                              kvs_error *err);
 void kvs_gguf_close(kvs_gguf *g);
+/* The caller has its own copy of the bytes [p, p + n) of the mapping: the whole pages among
+ * them leave the process's resident set (they stay in the page cache, and are read back from
+ * the file if touched again, so the data never changes). Nothing happens for a borrowed
+ * buffer or a range outside the mapping. */
+void kvs_gguf_release(kvs_gguf *g, const void *p, uint64_t n);
 
 uint32_t kvs_gguf_version(const kvs_gguf *g);
 uint32_t kvs_gguf_alignment(const kvs_gguf *g);

@@ -660,6 +660,18 @@ kvs_status kvs_gguf_open_mem(const char *name, const void *data, uint64_t size, 
     return parse_all(g, out, err);
 }
 
+void kvs_gguf_release(kvs_gguf *g, const void *p, uint64_t n)
+{
+    if (!g || !g->map || g->borrowed || n == 0)
+        return;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t start = (uintptr_t)g->map, end = start + (uintptr_t)g->size;
+    uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1), hi = ((uintptr_t)p + n) & ~(page - 1);
+    if (lo < start || hi > end || hi <= lo)
+        return;
+    madvise((void *)lo, hi - lo, MADV_DONTNEED); /* read-only file pages: refaulted if read */
+}
+
 void kvs_gguf_close(kvs_gguf *g)
 {
     if (!g)

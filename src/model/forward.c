@@ -20,7 +20,10 @@ kvs_status kvs_forward_buf_init(kvs_forward_buf *b, const kvs_hparams *hp, int c
     b->k = malloc(sizeof(float) * n * kv_dim);
     b->v = malloc(sizeof(float) * n * kv_dim);
     b->att = malloc(sizeof(float) * n * q_dim);
-    b->hb = malloc(sizeof(float) * n * hp->hidden);
+    /* hb also takes the stacked products (q|k|v and gate|up rows) of fused matrices */
+    size_t hb_w = 2 * (size_t)hp->hidden > q_dim + 2 * kv_dim ? 2 * (size_t)hp->hidden
+                                                               : q_dim + 2 * kv_dim;
+    b->hb = malloc(sizeof(float) * n * hb_w);
     b->hb2 = malloc(sizeof(float) * n * hp->hidden);
     b->pos = malloc(sizeof(int32_t) * n);
     if (!b->x || !b->xb || !b->q || !b->k || !b->v || !b->att || !b->hb || !b->hb2 || !b->pos) {
@@ -80,6 +83,30 @@ static void add_bias(float *x, const float *bias, int n, int w)
 {
     for (int i = 0; i < n; i++)
         add_rows(x + (size_t)i * w, bias, (size_t)w);
+}
+
+/* Rows [q | k | v] of the stacked product in b->hb, copied out to b->q, b->k and b->v. */
+static void unstack_qkv(kvs_forward_buf *b, int n, int q_dim, int kv_dim)
+{
+    const size_t w = (size_t)q_dim + 2 * (size_t)kv_dim;
+    for (int i = 0; i < n; i++) {
+        const float *row = b->hb + (size_t)i * w;
+        memcpy(b->q + (size_t)i * q_dim, row, sizeof(float) * (size_t)q_dim);
+        memcpy(b->k + (size_t)i * kv_dim, row + q_dim, sizeof(float) * (size_t)kv_dim);
+        memcpy(b->v + (size_t)i * kv_dim, row + q_dim + kv_dim, sizeof(float) * (size_t)kv_dim);
+    }
+}
+
+/* Rows [gate | up] of width 2 * hidden in hb become rows silu(gate) * up of width hidden, in
+ * place: row i moves down to i * hidden, never over a row not yet read. */
+static void swiglu_stacked(float *hb, int n, int hidden)
+{
+    for (int i = 0; i < n; i++) {
+        float *row = hb + (size_t)i * 2 * hidden;
+        kvs_swiglu(row, row + hidden, hidden);
+        if (i > 0)
+            memmove(hb + (size_t)i * hidden, row, sizeof(float) * (size_t)hidden);
+    }
 }
 
 /* RMSNorm of each of n_heads heads of vec by the same head_dim weights (qwen3's Q/K norm). */
@@ -166,10 +193,15 @@ kvs_status kvs_forward(const struct kvs_model *m, kvs_pool *pool, kvs_kv *kv,
         /* Q, K, V: projections (plus biases), per-head norms, RoPE; the kv layer gets the
          * post-RoPE keys whatever the architecture. */
         kvs_status st;
-        if ((st = matmul(pool, b->q, b->xb, &L->wq, n, ex, l, "attn_q", err)) != KVS_OK ||
-            (st = matmul(pool, b->k, b->xb, &L->wk, n, ex, l, "attn_k", err)) != KVS_OK ||
-            (st = matmul(pool, b->v, b->xb, &L->wv, n, ex, l, "attn_v", err)) != KVS_OK)
+        if (L->wqkv.data) { /* one product; a failure is wq's, whose type all three share */
+            if ((st = matmul(pool, b->hb, b->xb, &L->wqkv, n, ex, l, "attn_q", err)) != KVS_OK)
+                return st;
+            unstack_qkv(b, n, q_dim, kv_dim);
+        } else if ((st = matmul(pool, b->q, b->xb, &L->wq, n, ex, l, "attn_q", err)) != KVS_OK ||
+                   (st = matmul(pool, b->k, b->xb, &L->wk, n, ex, l, "attn_k", err)) != KVS_OK ||
+                   (st = matmul(pool, b->v, b->xb, &L->wv, n, ex, l, "attn_v", err)) != KVS_OK) {
             return st;
+        }
         if (L->bq) {
             add_bias(b->q, L->bq, n, q_dim);
             add_bias(b->k, L->bk, n, kv_dim);
@@ -192,10 +224,16 @@ kvs_status kvs_forward(const struct kvs_model *m, kvs_pool *pool, kvs_kv *kv,
         for (int i = 0; i < n; i++)
             kvs_rmsnorm(b->xb + (size_t)i * dim, b->x + (size_t)i * dim, L->ffn_norm, dim,
                         hp->eps);
-        if ((st = matmul(pool, b->hb, b->xb, &L->w_gate, n, ex, l, "ffn_gate", err)) != KVS_OK ||
-            (st = matmul(pool, b->hb2, b->xb, &L->w_up, n, ex, l, "ffn_up", err)) != KVS_OK)
-            return st;
-        kvs_swiglu(b->hb, b->hb2, n * hp->hidden);
+        if (L->w_gate_up.data) {
+            if ((st = matmul(pool, b->hb, b->xb, &L->w_gate_up, n, ex, l, "ffn_gate", err)) != KVS_OK)
+                return st;
+            swiglu_stacked(b->hb, n, hp->hidden);
+        } else {
+            if ((st = matmul(pool, b->hb, b->xb, &L->w_gate, n, ex, l, "ffn_gate", err)) != KVS_OK ||
+                (st = matmul(pool, b->hb2, b->xb, &L->w_up, n, ex, l, "ffn_up", err)) != KVS_OK)
+                return st;
+            kvs_swiglu(b->hb, b->hb2, n * hp->hidden);
+        }
         if ((st = matmul(pool, b->xb, b->hb, &L->w_down, n, ex, l, "ffn_down", err)) != KVS_OK)
             return st;
         add_rows(b->x, b->xb, (size_t)n * dim);

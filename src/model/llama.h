@@ -45,6 +45,10 @@ typedef struct kvs_layer {
     const float *q_norm, *k_norm;  /* per-head Q/K RMSNorm weights (head_dim), or NULL */
     const float *ffn_norm;
     kvs_weight w_gate, w_up, w_down;
+    /* wq|wk|wv and w_gate|w_up as single matrices (rows stacked), when resident.c could place
+     * them back to back (same type and width); .data NULL otherwise. One product instead of
+     * three (two) shares the quantised input and the threads' start-up. */
+    kvs_weight wqkv, w_gate_up;
 } kvs_layer;
 
 struct kvs_model {
@@ -63,6 +67,7 @@ struct kvs_model {
     float *norm_storage;     /* fp32 copies of norm vectors stored in another type */
     kvs_tokenizer *tokenizer;
     int64_t n_params;
+    void *resident;          /* the streamed matrices, moved out of the mapping (resident.c) */
 };
 
 /* Validates the metadata and every tensor's presence, type and shape; errors name the
@@ -70,6 +75,9 @@ struct kvs_model {
 kvs_status kvs_llama_from_gguf(kvs_gguf *g, const char *path, struct kvs_model **out,
                                kvs_error *err);
 void kvs_llama_free(struct kvs_model *m);
+/* Moves the matrices decode streams into an owned, 64-byte-aligned buffer on huge pages and
+ * points the weights at it (resident.c); leaves them in the mapping if it cannot. */
+void kvs_llama_make_resident(struct kvs_model *m);
 /* What m computes beyond the plain Llama block of llama2.c (queries n_embd wide, no biases, no
  * Q/K norms, unscaled RoPE): a comma-separated description into buf (size > 0), "" if nothing.
  * Returns the number of such features. */

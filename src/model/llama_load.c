@@ -503,6 +503,7 @@ kvs_status kvs_llama_from_gguf(kvs_gguf *g, const char *path, struct kvs_model *
         kvs_llama_free(m);
         return st;
     }
+    kvs_llama_make_resident(m);
     *out = m;
     return KVS_OK;
 }
@@ -515,6 +516,7 @@ void kvs_llama_free(struct kvs_model *m)
     free(m->layers);
     free(m->norm_storage);
     free(m->rope_div);
+    free(m->resident);
     free(m->path);
     kvs_gguf_close(m->gguf);
     free(m);
