@@ -58,7 +58,7 @@ if [ -n "${CI:-}" ]; then
 fi
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:-$REPO/build}
-# shellcheck source=bench/lib.sh
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$REPO/bench/lib.sh"
 log() { echo "$*" >&2; }
 die2() { log "native_bench.sh: $*"; exit 2; }
