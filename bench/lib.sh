@@ -1,6 +1,8 @@
+# shellcheck shell=bash
 # Shared by the benchmark drivers (sourced, not run).
 
 # The 85.7M llama shape every long-context benchmark uses.
+# shellcheck disable=SC2034 # used by the scripts that source this file
 BENCH_SHAPE=dim=768,hidden=2048,layers=12,heads=12,kv_heads=12,vocab=512
 
 # bench_synthetic KVSLIM OUT_DIR SHAPE CTX TYPE THREADS: prints the path of a synthetic model
