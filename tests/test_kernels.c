@@ -705,12 +705,70 @@ static void test_rope(void)
     CHECK(ok);
 }
 
+/* Decode attention's row kernels (kernels_attn.c) against double sums over the fp16 rows:
+ * head sizes with a vector path (64, 128) and without (40, 16), contiguous and selected rows,
+ * row counts around the prefetch distance and none at all. */
+static void test_attn_rows(void)
+{
+    const int hds[] = {64, 128, 40, 16}, ns[] = {0, 1, 7, 100, 300};
+    for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++)
+        for (size_t b = 0; b < sizeof ns / sizeof ns[0]; b++)
+            for (int use_sel = 0; use_sel < 2; use_sel++) {
+                const int hd = hds[a], n = ns[b], slots = n + 5;
+                uint16_t *rows = malloc(sizeof(uint16_t) * (size_t)slots * hd);
+                float *q = malloc(sizeof(float) * hd), *p = malloc(sizeof(float) * (n + 1));
+                float *scores = malloc(sizeof(float) * (n + 1)), *out = malloc(sizeof(float) * hd);
+                int *sel = malloc(sizeof(int) * (n + 1));
+                for (int i = 0; i < slots * hd; i++)
+                    rows[i] = kvs_fp32_to_fp16(rnd_unit());
+                for (int i = 0; i < hd; i++)
+                    q[i] = rnd_unit();
+                for (int j = 0; j < n; j++) {
+                    p[j] = 0.5f + 0.5f * rnd_unit();
+                    sel[j] = (int)((unsigned)(j * 7 + 3) % (unsigned)slots);
+                }
+                const int *s = use_sel ? sel : NULL;
+                kvs_dot_rows_f16(scores, rows, s, n, hd, q, 0.125f);
+                for (int i = 0; i < hd; i++)
+                    out[i] = 1e30f; /* overwritten, not added to */
+                kvs_weighted_rows_f16(out, p, rows, s, n, hd);
+                int ok_s = 1, ok_o = 1;
+                for (int j = 0; j < n; j++) {
+                    const uint16_t *r = rows + (size_t)(s ? s[j] : j) * hd;
+                    double ref = 0, mag = 0;
+                    for (int i = 0; i < hd; i++) {
+                        ref += (double)kvs_fp16_to_fp32(r[i]) * q[i];
+                        mag += fabs((double)kvs_fp16_to_fp32(r[i]) * q[i]);
+                    }
+                    ok_s &= fabs(scores[j] - 0.125 * ref) <= 1e-6 * 0.125 * mag + 1e-30;
+                }
+                for (int i = 0; i < hd; i++) {
+                    double ref = 0, mag = 0;
+                    for (int j = 0; j < n; j++) {
+                        const double v = kvs_fp16_to_fp32(rows[(size_t)(s ? s[j] : j) * hd + i]);
+                        ref += p[j] * v;
+                        mag += fabs(p[j] * v);
+                    }
+                    ok_o &= fabs(out[i] - ref) <= 1e-5 * mag + 1e-30;
+                }
+                CHECKF(ok_s, "dot rows f16 hd=%d n=%d sel=%d", hd, n, use_sel);
+                CHECKF(ok_o, "weighted rows f16 hd=%d n=%d sel=%d", hd, n, use_sel);
+                free(rows);
+                free(q);
+                free(p);
+                free(scores);
+                free(out);
+                free(sel);
+            }
+}
+
 int main(void)
 {
     test_fp16();
     test_bf16();
     test_quant_layouts();
     test_vector_ops();
+    test_attn_rows();
     test_rope();
     test_matmul();
     printf("matmul cases: %d\n", n_matmul_cases);

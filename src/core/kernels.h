@@ -82,6 +82,13 @@ void kvs_axpy_f32(float *y, float a, const float *x, int n);
 /* The same with a half-precision a / x (the F16 KV cache's keys and values). */
 float kvs_dot_f16_f32(const uint16_t *a, const float *b, int n);
 void kvs_axpy_f16(float *y, float a, const uint16_t *x, int n);
+/* Decode attention over n rows of hd fp16 (row j at rows + (sel ? sel[j] : j) * hd;
+ * kernels_attn.c): scores[j] = scale * dot(row j, q), and out = sum_j p[j] * row j (out is
+ * overwritten). Equal to the per-row kernels above up to the order of the additions. */
+void kvs_dot_rows_f16(float *scores, const uint16_t *rows, const int *sel, int n, int hd,
+                      const float *q, float scale);
+void kvs_weighted_rows_f16(float *out, const float *p, const uint16_t *rows, const int *sel,
+                           int n, int hd);
 
 /* KIVI codes (kernels_kivi.c): b-bit codes (b in 1, 2, 4, 8) packed little-endian, element d
  * at bit d * b; x ~ code * scale + min with fp16 scale and min per group. */

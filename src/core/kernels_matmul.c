@@ -42,6 +42,7 @@
 #include "kernels.h"
 #include "kernels_internal.h"
 #include "matmul_kq.h"
+#include "worksplit.h"
 
 #if KVS_AVX512 || KVS_AVX2
 #include <immintrin.h>
@@ -61,15 +62,6 @@
 #define KVS_CHUNKS_PER_THREAD 4
 #endif
 
-/* The micro-kernels index small accumulator arrays with loop counters that are compile-time
- * constants after inlining; full unrolling lets GCC keep them in registers at -O2. */
-#if defined(__GNUC__) && !defined(__clang__)
-#define KVS_UNROLL _Pragma("GCC unroll 16")
-#elif defined(__clang__)
-#define KVS_UNROLL _Pragma("unroll")
-#else
-#define KVS_UNROLL
-#endif
 
 /* ------------------------------------------------------------------------------------------ */
 /* Shared context                                                                             */
@@ -96,10 +88,10 @@ typedef struct {
     char *thread_scratch;
     size_t thread_scratch_bytes;
 
-    /* Column chunks handed out dynamically (atomic counter), so that a thread that gets
-     * preempted or runs slower does not hold up the others for a fixed share. */
-    int unit, col_units, n_chunks; /* chunk k: column units [k * col_units / n_chunks, ...) */
-    atomic_int next_chunk;
+    /* Output columns in units of `unit`, shared among the threads by `split`; by_rows: too
+     * few columns to go around, a static split of the x rows instead. */
+    int unit, by_rows;
+    kvs_split split;
 
 } mm_ctx;
 
@@ -218,7 +210,9 @@ KVS_INLINE __m512 load_w16_full(kvs_dtype wt, const char *row, int k)
 /* ---- float gemv: NR x rows (1..4), one weight row at a time ----
  * Reading one weight row at a time keeps a single sequential stream per thread, which the
  * hardware prefetchers follow best: on this Zen 4, streaming F32 rows of 768 from DRAM ran at
- * 24 GB/s this way versus 15 GB/s with 4 rows interleaved (software prefetch did not help). */
+ * 24 GB/s this way versus 15 GB/s with 4 rows interleaved. Software prefetch did not help from
+ * the file mapping's 4 KiB pages; from the resident copy on huge pages (model/resident.c) it
+ * took F32 decode at two threads on Zen 5 from 143 to 161 tok/s. */
 KVS_INLINE void gemv_float_nr(const mm_ctx *c, int NR, int r0, int o0, int o1, kvs_dtype wt)
 {
     const int K = c->n_in;
@@ -238,6 +232,8 @@ KVS_INLINE void gemv_float_nr(const mm_ctx *c, int NR, int r0, int o0, int o1, k
                 acc[r][j] = _mm512_setzero_ps();
         for (int k = 0; k < k64; k += 64) {
             __m512 wv[4];
+            /* the next 64 weights' lines, one prefetch distance ahead (kernels_internal.h) */
+            KVS_PREFETCH_AHEAD(w0 + (size_t)k * (wt == KVS_F32 ? 4 : 2), (wt == KVS_F32 ? 192 : 64));
             KVS_UNROLL
             for (int j = 0; j < 4; j++)
                 wv[j] = load_w16_full(wt, w0, k + 16 * j);
@@ -945,20 +941,31 @@ static void matmul_task(void *p, int ith, int nth)
     const mm_task *t = p;
     mm_ctx *c = t->c;
     char *scratch = c->thread_scratch + (size_t)ith * c->thread_scratch_bytes;
-    if (c->n_chunks == 0) { /* few columns, many rows: static split of the rows */
+    if (c->by_rows) { /* few columns, many rows: static split of the rows */
         int r0, r1;
         split_range(c->n_rows, 1, ith, nth, &r0, &r1);
         if (r0 < r1)
             run_path(c, t->path, scratch, r0, r1, 0, c->n_out);
         return;
     }
-    /* chunk ith first, then whatever is left */
-    for (int k = ith; k < c->n_chunks; k = atomic_fetch_add_explicit(&c->next_chunk, 1, memory_order_relaxed)) {
-        const int u0 = (int)((int64_t)c->col_units * k / c->n_chunks);
-        const int u1 = (int)((int64_t)c->col_units * (k + 1) / c->n_chunks);
+    int u0, u1;
+    while (kvs_split_next(&c->split, ith, &u0, &u1)) {
         const int o0 = u0 * c->unit, o1 = u1 * c->unit < c->n_out ? u1 * c->unit : c->n_out;
         run_path(c, t->path, scratch, 0, c->n_rows, o0, o1);
     }
+}
+
+/* Units per claim: KVS_CHUNKS_PER_THREAD grains per share for the tiles (each grain is packed
+ * once, then swept by every x row), about 32 KiB of weights for gemv, whose cost is their
+ * streaming. */
+static int split_grain(int path, int col_units, int nth, size_t unit_bytes)
+{
+    if (path != PATH_GEMV) {
+        const int g = col_units / (KVS_CHUNKS_PER_THREAD * nth);
+        return g > 0 ? g : 1;
+    }
+    const size_t g = ((size_t)32 << 10) / (unit_bytes ? unit_bytes : 1);
+    return g > 0 ? (int)g : 1;
 }
 
 /* Runs fn single-threaded when there is no pool. */
@@ -1070,21 +1077,13 @@ kvs_status kvs_matmul_ex(kvs_pool *pool, float *y, const float *x, const void *w
         else
             run(pool, quantize_x_task, &c);
     }
-    /* Work split: columns in 4 * nth near-equal chunks (boundaries on multiples of 16 for the
-     * tile kernels' panels, of 4 for the gemv kernels), so that a slow or preempted thread can
-     * be compensated; rows instead when there are too few columns to go around and plenty of
-     * rows. */
+    /* Work split (core/worksplit.h): columns in units of 16 for the tile kernels' panels, of 4
+     * for the gemv kernels; grains of a quarter share for the tiles, of about 32 KiB of weights
+     * for gemv. Rows instead when there are too few columns to go around and plenty of rows. */
     c.unit = path == PATH_TILE ? 16 : 4;
     const int col_units = (n_out + c.unit - 1) / c.unit;
-    if (col_units >= 2 * nth || n_rows < 2 * nth) {
-        c.col_units = col_units;
-        /* Decode streams W once: one contiguous share per thread. Smaller chunks cost the
-         * prefetchers a ramp-up at every chunk start (Q8_0 decode at 2 threads, tok/s: 1 chunk
-         * per thread 489, 4 chunks 438, 16 chunks 368). */
-        const int per_thread = path == PATH_GEMV ? 1 : KVS_CHUNKS_PER_THREAD;
-        c.n_chunks = col_units < per_thread * nth ? col_units : per_thread * nth;
-    }
-    atomic_init(&c.next_chunk, nth);
+    c.by_rows = !(col_units >= 2 * nth || n_rows < 2 * nth);
+    kvs_split_init(&c.split, col_units, nth, split_grain(path, col_units, nth, c.unit * c.row_bytes));
     mm_task t = {&c, path};
     run(pool, matmul_task, &t);
     free(owned);

@@ -22,8 +22,7 @@
  *    it: TR x rows by TC weight rows, TR * TC vector accumulators over the k range, one load of
  *    each operand per TR * TC FMAs; the tile's sums are reduced and added to y per k chunk. The
  *    dequantisation cost is shared by every x row.
- * Threads take chunks of output columns dynamically (an atomic counter, as kernels_matmul.c
- * does), or static slices of the rows when there are too few columns to go around.
+ * Threads share the output columns as kernels_matmul.c does (core/worksplit.h), or static slices of the rows when there are too few columns to go around.
  *
  * Cost of the fp32 choice, measured on the development VM (AMD EPYC, AVX-512, shared and noisy:
  * ranges over runs), 1536 x 2048 weights, one thread: prefill (512 rows) 105-130 GFLOP/s for
@@ -37,6 +36,7 @@
 
 #include "dequant.h"
 #include "kernels_internal.h"
+#include "worksplit.h"
 
 #if KVS_AVX512 || KVS_AVX2
 #include <immintrin.h>
@@ -122,8 +122,8 @@ typedef struct {
     int tile;             /* 0: gemv, 1: tile */
     char *scratch;        /* per-thread panels (tile path) */
     size_t scratch_bytes; /* per thread */
-    int unit, col_units, n_chunks; /* chunk k: column units [k * col_units / n_chunks, ...) */
-    atomic_int next_chunk;
+    int unit, by_rows;    /* columns in units; by_rows: a static split of the rows */
+    kvs_split split;      /* the column units among the threads (core/worksplit.h) */
 } dq_ctx;
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -297,17 +297,15 @@ static void dq_task(void *p, int ith, int nth)
 {
     dq_ctx *c = p;
     char *scratch = c->scratch + (size_t)ith * c->scratch_bytes;
-    if (c->n_chunks == 0) { /* few columns, many rows: a static slice of the rows each */
+    if (c->by_rows) { /* few columns, many rows: a static slice of the rows each */
         const int r0 = (int)((int64_t)c->n_rows * ith / nth);
         const int r1 = (int)((int64_t)c->n_rows * (ith + 1) / nth);
         if (r0 < r1)
             run_range(c, scratch, r0, r1, 0, c->n_out);
         return;
     }
-    for (int k = ith; k < c->n_chunks;
-         k = atomic_fetch_add_explicit(&c->next_chunk, 1, memory_order_relaxed)) {
-        const int u0 = (int)((int64_t)c->col_units * k / c->n_chunks);
-        const int u1 = (int)((int64_t)c->col_units * (k + 1) / c->n_chunks);
+    int u0, u1;
+    while (kvs_split_next(&c->split, ith, &u0, &u1)) {
         const int o0 = u0 * c->unit, o1 = u1 * c->unit < c->n_out ? u1 * c->unit : c->n_out;
         run_range(c, scratch, 0, c->n_rows, o0, o1);
     }
@@ -348,11 +346,8 @@ kvs_status kvs_matmul_deq(kvs_pool *pool, float *y, const float *x, const void *
             return KVS_ERR_NOMEM;
     }
     const int col_units = (n_out + c.unit - 1) / c.unit;
-    if (col_units >= 2 * nth || n_rows < 2 * nth) {
-        c.col_units = col_units;
-        c.n_chunks = col_units < CHUNKS_PER_THREAD * nth ? col_units : CHUNKS_PER_THREAD * nth;
-    }
-    atomic_init(&c.next_chunk, nth);
+    c.by_rows = !(col_units >= 2 * nth || n_rows < 2 * nth);
+    kvs_split_init(&c.split, col_units, nth, col_units / (CHUNKS_PER_THREAD * nth));
     if (pool)
         kvs_pool_run(pool, dq_task, &c);
     else

@@ -60,6 +60,7 @@
  * registers would need more than 32 zmm.
  */
 #include "matmul_kq.h"
+#include "worksplit.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -89,13 +90,6 @@
 #endif
 #define KQ_CHUNKS_PER_THREAD 4
 
-#if defined(__GNUC__) && !defined(__clang__)
-#define KQ_UNROLL _Pragma("GCC unroll 16")
-#elif defined(__clang__)
-#define KQ_UNROLL _Pragma("unroll")
-#else
-#define KQ_UNROLL
-#endif
 
 int kvs_kq_type(kvs_dtype t)
 {
@@ -330,9 +324,9 @@ typedef struct {
     char *thread_scratch;
     size_t thread_scratch_bytes;
 
-    /* Column chunks handed out dynamically (an atomic counter), as in kernels_matmul.c. */
-    int unit, col_units, n_chunks;
-    atomic_int next_chunk;
+    /* Output columns shared among the threads as in kernels_matmul.c (core/worksplit.h). */
+    int unit, by_rows;
+    kvs_split split;
 } kq_ctx;
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -507,7 +501,7 @@ KVS_INLINE void k4_quants(kvs_dtype wt, const char *blk, __m512i *W)
 KVS_INLINE void k6_quants(const char *blk, __m512i *W)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0f), b45 = _mm512_set1_epi8(0x30);
-    KQ_UNROLL
+    KVS_UNROLL
     for (int h = 0; h < 2; h++) {
         const __m512i l = _mm512_loadu_si512(blk + 64 * h);
         const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h)));
@@ -555,7 +549,7 @@ KVS_INLINE void gemv_k_sb(int NR, kvs_dtype wt, const char *blk, int sb, const i
         k4_quants(wt, blk, W);
         consts = k4_consts(blk);
     }
-    KQ_UNROLL
+    KVS_UNROLL
     for (int r = 0; r < NR; r++) {
         const int8_t *xb = xq[r] + (size_t)256 * sb;
         const int32_t *bb = xbv[r] + (size_t)64 * sb;
@@ -563,7 +557,7 @@ KVS_INLINE void gemv_k_sb(int NR, kvs_dtype wt, const char *blk, int sb, const i
          * each u vector by a permutation: cheaper than one multiplication per vector, as the
          * FMA pipes are the bottleneck */
         const __m512 sx = _mm512_mul_ps(consts, _mm512_load_ps(xl[r] + (size_t)16 * sb));
-        KQ_UNROLL
+        KVS_UNROLL
         for (int t = 0; t < 4; t++) {
             const __m512i s0 = wt == KVS_Q6_K ? _mm512_load_si512(bb + 16 * t) : _mm512_setzero_si512();
             const __m512i is = _mm512_dpbusd_epi32(s0, W[t], _mm512_load_si512(xb + 64 * t));
@@ -589,12 +583,12 @@ KVS_INLINE void gemv_b32_group(int NR, kvs_dtype wt, const char *row, int g, int
     KVS_PREFETCH_AHEAD(base, 8 * bs); /* see kernels_internal.h */
     const __m256 dw = kvs_fp16x8_at(base, bs, ng);
     __m512 scv[4];
-    KQ_UNROLL
+    KVS_UNROLL
     for (int r = 0; r < NR; r++)
         scv[r] = _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_loadu_ps(xd[r] + g)));
     if (b32_has_min(wt)) {
         const __m512 mw = _mm512_castps256_ps512(kvs_fp16x8_at(base + 2, bs, ng));
-        KQ_UNROLL
+        KVS_UNROLL
         for (int r = 0; r < NR; r++)
             acc[r][0] = _mm512_mask3_fmadd_ps(mw, _mm512_castps256_ps512(_mm256_loadu_ps(xo[r] + g)), acc[r][0],
                                               (__mmask16)0xff);
@@ -603,7 +597,7 @@ KVS_INLINE void gemv_b32_group(int NR, kvs_dtype wt, const char *row, int g, int
         1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153, (char)166, (char)181, (char)197,
         (char)217, (char)241)); /* kvs_iq4nl_values + 128 */
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    KQ_UNROLL
+    KVS_UNROLL
     for (int i = 0; i < 8; i += 2) {
         if (i >= ng)
             break;
@@ -629,7 +623,7 @@ KVS_INLINE void gemv_b32_group(int NR, kvs_dtype wt, const char *row, int g, int
         }
         const __m512i sidx = _mm512_setr_epi32(i, i, i, i, i + 1, i + 1, i + 1, i + 1, i, i, i, i, i + 1,
                                                i + 1, i + 1, i + 1);
-        KQ_UNROLL
+        KVS_UNROLL
         for (int r = 0; r < NR; r++) {
             const __m512i is = _mm512_dpbusd_epi32(_mm512_load_si512(xbv[r] + (size_t)8 * (g + i)), u,
                                                    _mm512_load_si512(xq[r] + (size_t)32 * (g + i)));
@@ -648,7 +642,7 @@ KVS_INLINE void gemv_nr(const kq_ctx *c, int NR, int r0, int o0, int o1, kvs_dty
     const float *xl[4], *xo[4], *xd[4];
     const int32_t *xbv[4];
     float *yr[4];
-    KQ_UNROLL
+    KVS_UNROLL
     for (int r = 0; r < NR; r++) {
         xq[r] = c->xq + (size_t)(r0 + r) * nbp * 32;
         xl[r] = c->xl + (size_t)(r0 + r) * nbp * 2;
@@ -658,14 +652,14 @@ KVS_INLINE void gemv_nr(const kq_ctx *c, int NR, int r0, int o0, int o1, kvs_dty
         yr[r] = c->y + (size_t)(r0 + r) * c->n_out;
     }
     __m512i idx[4];
-    KQ_UNROLL
+    KVS_UNROLL
     for (int t = 0; t < 4; t++)
         idx[t] = lane_index(wt, t);
     const int nsb = c->n_in / 256, nb = c->nb;
     for (int o = o0; o < o1; o++) {
         const char *row = c->w + (size_t)o * c->row_bytes;
         __m512 acc[4][4];
-        KQ_UNROLL
+        KVS_UNROLL
         for (int r = 0; r < NR; r++)
             acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm512_setzero_ps();
         if (b32_type(wt)) {
@@ -679,7 +673,7 @@ KVS_INLINE void gemv_nr(const kq_ctx *c, int NR, int r0, int o0, int o1, kvs_dty
             for (int sb = 0; sb < nsb; sb++)
                 gemv_k_sb(NR, wt, row + (size_t)sb * bb, sb, xq, xl, xo, xbv, idx, acc);
         }
-        KQ_UNROLL
+        KVS_UNROLL
         for (int r = 0; r < NR; r++)
             yr[r][o] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]),
                                                           _mm512_add_ps(acc[r][2], acc[r][3])));
@@ -783,15 +777,15 @@ KVS_INLINE __m256i raw_block_v(kvs_dtype wt, const char *row, int b)
 KVS_INLINE void transpose_16x8(const __m256i *r, __m512i *out)
 {
     __m512i z[8], t[8], u[8];
-    KQ_UNROLL
+    KVS_UNROLL
     for (int i = 0; i < 8; i++)
         z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(r[i]), r[i + 8], 1);
-    KQ_UNROLL
+    KVS_UNROLL
     for (int i = 0; i < 8; i += 2) {
         t[i] = _mm512_unpacklo_epi32(z[i], z[i + 1]);
         t[i + 1] = _mm512_unpackhi_epi32(z[i], z[i + 1]);
     }
-    KQ_UNROLL
+    KVS_UNROLL
     for (int j = 0; j < 8; j += 4) {
         u[j + 0] = _mm512_unpacklo_epi64(t[j], t[j + 2]);
         u[j + 1] = _mm512_unpackhi_epi64(t[j], t[j + 2]);
@@ -801,7 +795,7 @@ KVS_INLINE void transpose_16x8(const __m256i *r, __m512i *out)
     /* u[e] / u[4 + e], 128-bit lane q: rows (4 of them) of element 4 (q % 2) + e */
     const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
     const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-    KQ_UNROLL
+    KVS_UNROLL
     for (int e = 0; e < 4; e++) {
         out[e] = _mm512_permutex2var_epi64(u[e], lo, u[4 + e]);
         out[4 + e] = _mm512_permutex2var_epi64(u[e], hi, u[4 + e]);
@@ -865,12 +859,12 @@ static void pack_panel(const kq_ctx *c, int o0, int nc, int C, char *pk)
                 panel_consts(c, rows, ncg, b / 8, cs);
             char *dst = pk + ((size_t)b * C + g) * KQ_PACK;
             __m256i r[16];
-            KQ_UNROLL
+            KVS_UNROLL
             for (int j = 0; j < 16; j++)
                 r[j] = j < ncg ? raw_block_v(wt, rows[j], b) : _mm256_setzero_si256();
             __m512i out[8];
             transpose_16x8(r, out);
-            KQ_UNROLL
+            KVS_UNROLL
             for (int k4 = 0; k4 < 8; k4++)
                 _mm512_store_si512(dst + 64 * k4, out[k4]);
             _mm512_store_ps((float *)(dst + 512), _mm512_load_ps(cs[b % 8]));
@@ -884,9 +878,9 @@ KVS_INLINE void tile_kernel(int R, int C, kvs_dtype wt, const kq_ctx *c, int r, 
 {
     const int nb = c->nb, nbp = c->nbp;
     __m512 facc[KQ_R][KQ_C];
-    KQ_UNROLL
+    KVS_UNROLL
     for (int i = 0; i < R; i++)
-        KQ_UNROLL
+        KVS_UNROLL
         for (int j = 0; j < C; j++)
             facc[i][j] = _mm512_setzero_ps();
     const int8_t *xq = c->xq + (size_t)r * nbp * 32;
@@ -899,7 +893,7 @@ KVS_INLINE void tile_kernel(int R, int C, kvs_dtype wt, const kq_ctx *c, int r, 
         const char *pb = pk + (size_t)b * C * KQ_PACK;
         for (int h = 0; h < halves; h++) {
             __m512i iacc[KQ_R][KQ_C];
-            KQ_UNROLL
+            KVS_UNROLL
             for (int i = 0; i < R; i++) {
                 /* the -32 / -128 / -16 sum(q) terms start the integer sums; the types with a min
                  * term start at 0 */
@@ -907,31 +901,31 @@ KVS_INLINE void tile_kernel(int R, int C, kvs_dtype wt, const kq_ctx *c, int r, 
                                   : wt == KVS_IQ4_NL || wt == KVS_Q5_0
                                       ? _mm512_set1_epi32(xi[(size_t)2 * i * nbp + b])
                                       : _mm512_setzero_si512();
-                KQ_UNROLL
+                KVS_UNROLL
                 for (int j = 0; j < C; j++)
                     iacc[i][j] = s;
             }
-            KQ_UNROLL
+            KVS_UNROLL
             for (int k = 0; k < k4n; k++) {
                 const int k4 = h * k4n + k;
                 __m512i wv[KQ_C];
-                KQ_UNROLL
+                KVS_UNROLL
                 for (int j = 0; j < C; j++)
                     wv[j] = _mm512_load_si512(pb + (size_t)j * KQ_PACK + 64 * k4);
-                KQ_UNROLL
+                KVS_UNROLL
                 for (int i = 0; i < R; i++) {
                     int32_t x4;
                     memcpy(&x4, xq + i * xqs + (size_t)32 * b + 4 * k4, 4);
                     const __m512i xv = _mm512_set1_epi32(x4);
-                    KQ_UNROLL
+                    KVS_UNROLL
                     for (int j = 0; j < C; j++)
                         iacc[i][j] = _mm512_dpbusd_epi32(iacc[i][j], wv[j], xv);
                 }
             }
-            KQ_UNROLL
+            KVS_UNROLL
             for (int i = 0; i < R; i++) {
                 const __m512 dx = _mm512_set1_ps(xd[(size_t)i * nbp + b]);
-                KQ_UNROLL
+                KVS_UNROLL
                 for (int j = 0; j < C; j++) {
                     const __m512 s = _mm512_mul_ps(_mm512_load_ps((const float *)(pb + (size_t)j * KQ_PACK + 512 + 64 * h)), dx);
                     facc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[i][j]), s, facc[i][j]);
@@ -939,20 +933,20 @@ KVS_INLINE void tile_kernel(int R, int C, kvs_dtype wt, const kq_ctx *c, int r, 
             }
         }
         if (wt == KVS_Q4_K || wt == KVS_Q5_K || b32_has_min(wt)) {
-            KQ_UNROLL
+            KVS_UNROLL
             for (int i = 0; i < R; i++) {
                 /* Q4_K / Q5_K -xd sum(q) (c1 = dmin m_s), Q4_1 / Q5_1 xd sum(q) (c1 = m) */
                 const __m512 xm = _mm512_set1_ps(xo[(size_t)2 * i * nbp + b]);
-                KQ_UNROLL
+                KVS_UNROLL
                 for (int j = 0; j < C; j++)
                     facc[i][j] = _mm512_fmadd_ps(_mm512_load_ps((const float *)(pb + (size_t)j * KQ_PACK + 576)), xm,
                                                  facc[i][j]);
             }
         }
     }
-    KQ_UNROLL
+    KVS_UNROLL
     for (int i = 0; i < R; i++)
-        KQ_UNROLL
+        KVS_UNROLL
         for (int j = 0; j < C; j++) {
             const int n = nc - 16 * j;
             _mm512_mask_storeu_ps(y + (size_t)i * c->n_out + 16 * j,
@@ -1054,17 +1048,15 @@ static void matmul_task(void *p, int ith, int nth)
 {
     kq_ctx *c = p;
     char *scratch = c->thread_scratch + (size_t)ith * c->thread_scratch_bytes;
-    if (c->n_chunks == 0) { /* few columns, many rows: a static split of the rows */
+    if (c->by_rows) { /* few columns, many rows: a static split of the rows */
         int r0, r1;
         split_range(c->n_rows, ith, nth, &r0, &r1);
         if (r0 < r1)
             run_path(c, scratch, r0, r1, 0, c->n_out);
         return;
     }
-    /* chunk ith first, then whatever is left */
-    for (int k = ith; k < c->n_chunks; k = atomic_fetch_add_explicit(&c->next_chunk, 1, memory_order_relaxed)) {
-        const int u0 = (int)((int64_t)c->col_units * k / c->n_chunks);
-        const int u1 = (int)((int64_t)c->col_units * (k + 1) / c->n_chunks);
+    int u0, u1;
+    while (kvs_split_next(&c->split, ith, &u0, &u1)) {
         const int o0 = u0 * c->unit, o1 = u1 * c->unit < c->n_out ? u1 * c->unit : c->n_out;
         run_path(c, scratch, 0, c->n_rows, o0, o1);
     }
@@ -1143,17 +1135,16 @@ kvs_status kvs_matmul_kq(kvs_pool *pool, float *y, const float *x, const void *w
     else
         run(pool, quantize_x_task, &c);
 
-    /* Work split as kernels_matmul.c: columns in up to 4 * nth chunks (multiples of 16 for the
-     * tile panels, 4 otherwise), or the rows when there are too few columns and many rows. */
+    /* Work split as kernels_matmul.c: columns in units of 16 for the tile panels, 4 otherwise;
+     * grains of a quarter share for the tiles, of about 32 KiB of weights for gemv; or the rows
+     * when there are too few columns and many rows. */
     c.unit = c.path == PATH_TILE ? 16 : 4;
     const int col_units = (n_out + c.unit - 1) / c.unit;
-    if (col_units >= 2 * nth || n_rows < 2 * nth) {
-        c.col_units = col_units;
-        /* one contiguous share per thread for gemv: see kernels_matmul.c */
-        const int per_thread = c.path == PATH_GEMV ? 1 : KQ_CHUNKS_PER_THREAD;
-        c.n_chunks = col_units < per_thread * nth ? col_units : per_thread * nth;
-    }
-    atomic_init(&c.next_chunk, nth);
+    c.by_rows = !(col_units >= 2 * nth || n_rows < 2 * nth);
+    int grain = col_units / (KQ_CHUNKS_PER_THREAD * nth);
+    if (c.path == PATH_GEMV)
+        grain = (int)(((size_t)32 << 10) / ((size_t)c.unit * c.row_bytes));
+    kvs_split_init(&c.split, col_units, nth, grain);
     run(pool, matmul_task, &c);
     free(owned);
     return KVS_OK;

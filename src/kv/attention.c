@@ -128,9 +128,7 @@ static void scores_row(const kvs_store *s, int layer, int kvh, const float *q, c
     if (kvs_store_kivi(s)) {
         scores_row_kivi(s, layer, kvh, q, sel, n, scale, scores);
     } else if (kvs_store_cfg(s)->type == KVS_F16) {
-        const uint16_t *keys = kvs_store_keys(s, layer, kvh);
-        for (int j = 0; j < n; j++)
-            scores[j] = kvs_dot_f16_f32(keys + (size_t)(sel ? sel[j] : j) * hd, q, hd) * scale;
+        kvs_dot_rows_f16(scores, kvs_store_keys(s, layer, kvh), sel, n, hd, q, scale);
     } else {
         const float *keys = kvs_store_keys(s, layer, kvh);
         for (int j = 0; j < n; j++)
@@ -146,9 +144,7 @@ static void weighted_values(const kvs_store *s, int layer, int kvh, const float 
     if (kvs_store_kivi(s)) {
         weighted_values_kivi(s, layer, kvh, p, sel, n, out);
     } else if (kvs_store_cfg(s)->type == KVS_F16) {
-        const uint16_t *values = kvs_store_values(s, layer, kvh);
-        for (int j = 0; j < n; j++)
-            kvs_axpy_f16(out, p[j], values + (size_t)(sel ? sel[j] : j) * hd, hd);
+        kvs_weighted_rows_f16(out, p, kvs_store_values(s, layer, kvh), sel, n, hd);
     } else {
         const float *values = kvs_store_values(s, layer, kvh);
         for (int j = 0; j < n; j++)
