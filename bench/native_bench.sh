@@ -42,7 +42,9 @@
 #   DEPTHS ("2048 8192 16384"), N_PP (512), N_TG (128), N_TG_DEPTH (32), N_PP_LONG (8192),
 #   SHAPE (BENCH_SHAPE), MEMBW_BYTES (1073741824), MEMBW_REPS (3), PEER_COMMIT (reported;
 #   default: LLAMACPP_GIT's HEAD, else llama-bench's build_commit), EXACT=1, NO_BUILD=1 (don't
-#   rebuild kvslim).
+#   rebuild kvslim), REPORT_ONLY=1 (run nothing: print the tables of the runs already in
+#   BUILD_DIR/bench/native-raw/, e.g. runs of several invocations copied together; ROWS names
+#   the rows to report).
 # Output: markdown tables, a footer (peer, commit, build flags, CPU, bandwidth, rounds) and an
 # acceptance block (the issue's targets, PASS/MISS each) on stdout; progress on stderr;
 # BUILD_DIR/bench/native.json (every median), raw per-run JSON in BUILD_DIR/bench/native-raw/.
@@ -121,7 +123,7 @@ MODELS=$OUT/models
 # Another shape (a test): its own directory, so that its files never pass for BENCH_SHAPE's.
 [ "$SHAPE" = "$BENCH_SHAPE" ] || MODELS=$OUT/models/shape-$(tr ',=' '_-' <<<"$SHAPE")
 mkdir -p "$MODELS" "$RAW"
-rm -f "$RAW"/*.json "$RAW"/*.txt
+[ -n "${REPORT_ONLY:-}" ] || rm -f "$RAW"/*.json "$RAW"/*.txt
 
 [ -n "${NO_BUILD:-}" ] || make -C "$REPO" build >/dev/null
 KVSLIM=$BUILD/kvslim
@@ -220,8 +222,14 @@ run_engine() { # engine type model threads round
     done
 }
 
-: >"$RAW/models.txt"
-: >"$RAW/membw.txt"
+if [ -n "${REPORT_ONLY:-}" ]; then
+    [ -s "$RAW/models.txt" ] && [ -s "$RAW/membw.txt" ] ||
+        { log "native_bench.sh: REPORT_ONLY: no earlier run in $RAW"; exit 1; }
+    TYPES=""
+else
+    : >"$RAW/models.txt"
+    : >"$RAW/membw.txt"
+fi
 for type in $TYPES; do
     model=$(bench_synthetic "$KVSLIM" "$MODELS" "$SHAPE" "$CTX" "$type" 2)
     echo "$type $model" >>"$RAW/models.txt"

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "check_model.h"
 #include "model/llama.h"
 
 static void unsupported_weight_type(kvs_model *m)
@@ -48,13 +49,7 @@ static void unsupported_weight_type(kvs_model *m)
 int main(void)
 {
     char path[1024];
-    kvs_model *m = NULL;
-    kvs_error err = {0};
-    if (kvs_model_load(check_shared_path(path, sizeof path, "models/gguf/stories260K-f32.gguf"),
-                       &m, &err) != KVS_OK) {
-        fprintf(stderr, "cannot load the model: %s\n", err.msg);
-        return 1;
-    }
+    kvs_model *m = check_load_model("models/gguf/stories260K-f32.gguf", path, sizeof path);
     unsupported_weight_type(m);
     kvs_model_free(m);
     return check_summary("test_no_silent");

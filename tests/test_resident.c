@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "check_model.h"
 #include "gguf/gguf.h"
 #include "model/llama.h"
 
@@ -27,13 +28,8 @@ static float *logits_of(kvs_model *m)
 int main(void)
 {
     char path[1024];
-    kvs_model *m = NULL;
+    kvs_model *m = check_load_model("models/gguf/stories260K-f32.gguf", path, sizeof path);
     kvs_error err = {0};
-    if (kvs_model_load(check_shared_path(path, sizeof path, "models/gguf/stories260K-f32.gguf"),
-                       &m, &err) != KVS_OK) {
-        fprintf(stderr, "cannot load the model: %s\n", err.msg);
-        return 1;
-    }
     const kvs_hparams *hp = &m->hp;
     CHECK(m->resident != NULL);
     for (int l = 0; l < hp->n_layers; l++) {

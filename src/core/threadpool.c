@@ -107,7 +107,6 @@ static unsigned spin_on(const struct kvs_pool *pool, atomic_uint *word, unsigned
                 start = t;
             else if (t - start > KVS_POOL_SPIN_NS)
                 return cur;
-
         }
     }
 }

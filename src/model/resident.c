@@ -11,8 +11,8 @@
  *
  * The copied ranges of the mapping are then released (kvs_gguf_release: they stay in the page
  * cache, and are read back from the file if anything touches them), so the resident set holds
- * one copy of the weights, as with the mapping alone. If the buffer cannot
- * be had the weights stay in the mapping: slower, never wrong. */
+ * one copy of the weights, as with the mapping alone. If the buffer cannot be had the weights
+ * stay in the mapping, unstacked: slower, never wrong. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,15 +31,16 @@ static size_t matrix_bytes(const kvs_weight *w)
     return (size_t)row * (size_t)w->rows;
 }
 
-/* The matrices to move, in the order a forward pass reads them, in groups placed back to back
- * (wq|wk|wv and w_gate|w_up when they share a type and width, so that they can be multiplied as
- * one); the output last unless it is the embedding (tied), which is read row by row and stays
- * mapped. Returns the number of matrices; group[i] is the index of the group matrix i is in. */
+/* Matrices that can be stacked into one: the same type and width. */
 static int same_form(const kvs_weight *a, const kvs_weight *b)
 {
     return a->type == b->type && a->cols == b->cols;
 }
 
+/* The matrices to move, in the order a forward pass reads them, in groups placed back to back
+ * (wq|wk|wv and w_gate|w_up when they share a form, so that they can be multiplied as one); the
+ * output last unless it is the embedding (tied), which is read row by row and stays mapped.
+ * Returns the number of matrices; group[i] is the number of the group matrix i is in. */
 static int list_matrices(struct kvs_model *m, kvs_weight **out, int *group, int cap)
 {
     int n = 0, g = 0;
