@@ -39,7 +39,8 @@ int main(void)
         /* stacked: one matrix over the three (two), back to back */
         CHECK(L->wqkv.data == L->wq.data && L->wqkv.type == L->wq.type &&
               L->wqkv.cols == hp->dim && L->wqkv.rows == L->wq.rows + L->wk.rows + L->wv.rows);
-        CHECK((const char *)L->wk.data == (const char *)L->wq.data + (size_t)L->wq.rows * hp->dim * 4);
+        const char *wq = L->wq.data;
+        CHECK((const char *)L->wk.data == wq + (size_t)L->wq.rows * hp->dim * 4);
         CHECK(L->w_gate_up.data == L->w_gate.data && L->w_gate_up.rows == 2 * hp->hidden);
         CHECK((const char *)L->w_up.data ==
               (const char *)L->w_gate.data + (size_t)hp->hidden * hp->dim * 4);

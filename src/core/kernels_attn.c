@@ -22,6 +22,12 @@ static const uint16_t *row_at(const uint16_t *rows, const int *sel, int j, int h
 }
 
 #if KVS_AVX512
+/* 16 fp16 at p as fp32. */
+KVS_INLINE __m512 f16x16(const uint16_t *p)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+
 KVS_INLINE void dot_rows_nv(int NV, float *scores, const uint16_t *rows, const int *sel, int n,
                             const float *q, float scale)
 {
@@ -37,10 +43,8 @@ KVS_INLINE void dot_rows_nv(int NV, float *scores, const uint16_t *rows, const i
         __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
         KVS_UNROLL
         for (int c = 0; c < NV; c += 2) {
-            a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + 16 * c))),
-                                 qv[c], a0);
-            a1 = _mm512_fmadd_ps(
-                _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + 16 * c + 16))), qv[c + 1], a1);
+            a0 = _mm512_fmadd_ps(f16x16(r + 16 * c), qv[c], a0);
+            a1 = _mm512_fmadd_ps(f16x16(r + 16 * c + 16), qv[c + 1], a1);
         }
         scores[j] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) * scale;
     }
@@ -61,8 +65,7 @@ KVS_INLINE void weighted_rows_nv(int NV, float *out, const float *p, const uint1
         const __m512 w = _mm512_set1_ps(p[j]);
         KVS_UNROLL
     for (int c = 0; c < NV; c++)
-            o[c] = _mm512_fmadd_ps(
-                w, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + 16 * c))), o[c]);
+            o[c] = _mm512_fmadd_ps(w, f16x16(r + 16 * c), o[c]);
     }
     KVS_UNROLL
     for (int c = 0; c < NV; c++)

@@ -32,7 +32,6 @@
  * Quantised types quantise x to 8-bit blocks of 32 with a *fp32* scale d = amax/127 and
  * q = rint(x / d) (round half to even, as GGML's SIMD quantiser does). Threads split the
  * output columns (or, when there are few columns and many rows, the rows). */
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,11 +56,6 @@
 #ifndef KVS_TILE_MIN_ROWS
 #define KVS_TILE_MIN_ROWS(wt) ((wt) == KVS_Q8_0 ? 3 : 5)
 #endif
-
-#ifndef KVS_CHUNKS_PER_THREAD
-#define KVS_CHUNKS_PER_THREAD 4
-#endif
-
 
 /* ------------------------------------------------------------------------------------------ */
 /* Shared context                                                                             */
@@ -955,19 +949,6 @@ static void matmul_task(void *p, int ith, int nth)
     }
 }
 
-/* Units per claim: KVS_CHUNKS_PER_THREAD grains per share for the tiles (each grain is packed
- * once, then swept by every x row), about 32 KiB of weights for gemv, whose cost is their
- * streaming. */
-static int split_grain(int path, int col_units, int nth, size_t unit_bytes)
-{
-    if (path != PATH_GEMV) {
-        const int g = col_units / (KVS_CHUNKS_PER_THREAD * nth);
-        return g > 0 ? g : 1;
-    }
-    const size_t g = ((size_t)32 << 10) / (unit_bytes ? unit_bytes : 1);
-    return g > 0 ? (int)g : 1;
-}
-
 /* Runs fn single-threaded when there is no pool. */
 static void run(kvs_pool *pool, kvs_task_fn fn, void *ctx)
 {
@@ -1083,7 +1064,8 @@ kvs_status kvs_matmul_ex(kvs_pool *pool, float *y, const float *x, const void *w
     c.unit = path == PATH_TILE ? 16 : 4;
     const int col_units = (n_out + c.unit - 1) / c.unit;
     c.by_rows = !(col_units >= 2 * nth || n_rows < 2 * nth);
-    kvs_split_init(&c.split, col_units, nth, split_grain(path, col_units, nth, c.unit * c.row_bytes));
+    kvs_split_init(&c.split, col_units, nth,
+                   kvs_split_grain(col_units, nth, path == PATH_GEMV ? c.unit * c.row_bytes : 0));
     mm_task t = {&c, path};
     run(pool, matmul_task, &t);
     free(owned);

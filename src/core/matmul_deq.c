@@ -22,7 +22,8 @@
  *    it: TR x rows by TC weight rows, TR * TC vector accumulators over the k range, one load of
  *    each operand per TR * TC FMAs; the tile's sums are reduced and added to y per k chunk. The
  *    dequantisation cost is shared by every x row.
- * Threads share the output columns as kernels_matmul.c does (core/worksplit.h), or static slices of the rows when there are too few columns to go around.
+ * Threads share the output columns as kernels_matmul.c does (core/worksplit.h), or static
+ * slices of the rows when there are too few columns to go around.
  *
  * Cost of the fp32 choice, measured on the development VM (AMD EPYC, AVX-512, shared and noisy:
  * ranges over runs), 1536 x 2048 weights, one thread: prefill (512 rows) 105-130 GFLOP/s for
@@ -30,7 +31,6 @@
  * 490-580); decode (1 row) 3-7 GB/s of weight bytes (Q8_0: 32-38). Decode is bound by widening,
  * converting and scaling every quant to fp32 (the dequantiser takes most of the profile); the
  * integer kernels multiply the quants as bytes. */
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,15 +46,7 @@
 #define GEMV_MAX_ROWS 4   /* x rows per gemv pass; more rows use the tiles */
 #define PANEL 16          /* weight rows per dequantised tile panel */
 #define KC 1024           /* k chunk of a panel (a multiple of SPAN) */
-#define CHUNKS_PER_THREAD 4
 
-#if defined(__GNUC__) && !defined(__clang__)
-#define DQ_UNROLL _Pragma("GCC unroll 16")
-#elif defined(__clang__)
-#define DQ_UNROLL _Pragma("unroll")
-#else
-#define DQ_UNROLL
-#endif
 
 /* ---- vector abstraction ------------------------------------------------------------------- */
 #if KVS_AVX512
@@ -142,13 +134,13 @@ KVS_INLINE void gemv_nr(const dq_ctx *c, int NR, int r0, int o0, int o1)
     const int K = c->n_in;
     _Alignas(64) float buf[SPAN];
     const float *xr[GEMV_MAX_ROWS];
-    DQ_UNROLL
+    KVS_UNROLL
     for (int r = 0; r < NR; r++)
         xr[r] = c->x + (size_t)(r0 + r) * K;
     for (int o = o0; o < o1; o++) {
         /* 4 accumulators per row: with 2 the FMA latency chain bounded a single-row pass */
         vf acc[GEMV_MAX_ROWS][4];
-        DQ_UNROLL
+        KVS_UNROLL
         for (int r = 0; r < NR; r++)
             acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = vzero();
         for (int k0 = 0; k0 < K; k0 += SPAN) {
@@ -157,25 +149,25 @@ KVS_INLINE void gemv_nr(const dq_ctx *c, int NR, int r0, int o0, int o1)
             int k = 0;
             for (; k + 4 * VL <= n; k += 4 * VL) {
                 vf wv[4];
-                DQ_UNROLL
+                KVS_UNROLL
                 for (int j = 0; j < 4; j++)
                     wv[j] = vload(buf + k + j * VL);
-                DQ_UNROLL
+                KVS_UNROLL
                 for (int r = 0; r < NR; r++)
-                    DQ_UNROLL
+                    KVS_UNROLL
                     for (int j = 0; j < 4; j++)
                         acc[r][j] = vfma(vload(xr[r] + k0 + k + j * VL), wv[j], acc[r][j]);
             }
             for (; k < n; k += 2 * VL) { /* a tail of 32 (blocks of 32) */
                 const vf w0 = vload(buf + k), w1 = vload(buf + k + VL);
-                DQ_UNROLL
+                KVS_UNROLL
                 for (int r = 0; r < NR; r++) {
                     acc[r][0] = vfma(vload(xr[r] + k0 + k), w0, acc[r][0]);
                     acc[r][1] = vfma(vload(xr[r] + k0 + k + VL), w1, acc[r][1]);
                 }
             }
         }
-        DQ_UNROLL
+        KVS_UNROLL
         for (int r = 0; r < NR; r++)
             c->y[(size_t)(r0 + r) * c->n_out + o] =
                 vsum(vadd(vadd(acc[r][0], acc[r][1]), vadd(acc[r][2], acc[r][3])));
@@ -202,30 +194,30 @@ KVS_INLINE void dot_tile(int R, int C, const float *x, size_t ldx, const float *
                          int n, float *y, size_t ldy, int accumulate)
 {
     vf acc[TR][TC];
-    DQ_UNROLL
+    KVS_UNROLL
     for (int i = 0; i < R; i++)
-        DQ_UNROLL
+        KVS_UNROLL
         for (int j = 0; j < C; j++)
             acc[i][j] = vzero();
     for (int k = 0; k < n; k += VL) {
         vf xv[TR];
-        DQ_UNROLL
+        KVS_UNROLL
         for (int i = 0; i < R; i++) {
             xv[i] = vload(x + (size_t)i * ldx + k);
             KEEP_REG(xv[i]);
         }
-        DQ_UNROLL
+        KVS_UNROLL
         for (int j = 0; j < C; j++) {
             vf wv = vload(wp + (size_t)j * ldw + k);
             KEEP_REG(wv);
-            DQ_UNROLL
+            KVS_UNROLL
             for (int i = 0; i < R; i++)
                 acc[i][j] = vfma(xv[i], wv, acc[i][j]);
         }
     }
-    DQ_UNROLL
+    KVS_UNROLL
     for (int i = 0; i < R; i++)
-        DQ_UNROLL
+        KVS_UNROLL
         for (int j = 0; j < C; j++) {
             const float s = vsum(acc[i][j]);
             y[(size_t)i * ldy + j] = accumulate ? y[(size_t)i * ldy + j] + s : s;
@@ -347,7 +339,7 @@ kvs_status kvs_matmul_deq(kvs_pool *pool, float *y, const float *x, const void *
     }
     const int col_units = (n_out + c.unit - 1) / c.unit;
     c.by_rows = !(col_units >= 2 * nth || n_rows < 2 * nth);
-    kvs_split_init(&c.split, col_units, nth, col_units / (CHUNKS_PER_THREAD * nth));
+    kvs_split_init(&c.split, col_units, nth, kvs_split_grain(col_units, nth, 0));
     if (pool)
         kvs_pool_run(pool, dq_task, &c);
     else

@@ -63,7 +63,6 @@
 #include "worksplit.h"
 
 #include <math.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -88,8 +87,6 @@
 #ifndef KQ_TILE_MIN_ROWS
 #define KQ_TILE_MIN_ROWS(wt) ((wt) == KVS_Q6_K ? 12 : (wt) == KVS_Q4_K || (wt) == KVS_Q5_K ? 8 : 9)
 #endif
-#define KQ_CHUNKS_PER_THREAD 4
-
 
 int kvs_kq_type(kvs_dtype t)
 {
@@ -1141,10 +1138,8 @@ kvs_status kvs_matmul_kq(kvs_pool *pool, float *y, const float *x, const void *w
     c.unit = c.path == PATH_TILE ? 16 : 4;
     const int col_units = (n_out + c.unit - 1) / c.unit;
     c.by_rows = !(col_units >= 2 * nth || n_rows < 2 * nth);
-    int grain = col_units / (KQ_CHUNKS_PER_THREAD * nth);
-    if (c.path == PATH_GEMV)
-        grain = (int)(((size_t)32 << 10) / ((size_t)c.unit * c.row_bytes));
-    kvs_split_init(&c.split, col_units, nth, grain);
+    kvs_split_init(&c.split, col_units, nth,
+                   kvs_split_grain(col_units, nth, c.path == PATH_GEMV ? c.unit * c.row_bytes : 0));
     run(pool, matmul_task, &c);
     free(owned);
     return KVS_OK;

@@ -13,6 +13,13 @@ void kvs_split_init(kvs_split *s, int units, int nth, int grain)
                          (uint32_t)((int64_t)units * (i + 1) / s->n_shares)));
 }
 
+int kvs_split_grain(int units, int nth, size_t unit_bytes)
+{
+    const size_t g = unit_bytes ? ((size_t)32 << 10) / unit_bytes
+                                : (size_t)units / (4 * (size_t)(nth > 0 ? nth : 1));
+    return g > 0 ? (g < (size_t)units ? (int)g : units) : 1;
+}
+
 /* Takes up to grain units from the front (own = 1) or the back of share i. */
 static int claim(kvs_split *s, int i, int own, int *u0, int *u1)
 {

@@ -10,6 +10,7 @@
 #define KVS_WORKSPLIT_H
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define KVS_SPLIT_SHARES 16 /* more threads than this share the shares, round robin */
@@ -25,6 +26,11 @@ typedef struct kvs_split {
 
 /* units of work (>= 0) for nth threads, claimed grain (> 0; less is 1) units at a time. */
 void kvs_split_init(kvs_split *s, int units, int nth, int grain);
+/* The grain of the matrix products: about 32 KiB of weights when the product streams them
+ * (decode: unit_bytes, the weight bytes of one unit of columns, > 0); else (unit_bytes 0: packed
+ * or dequantised tiles, each grain prepared once and swept by every x row) a quarter of a
+ * thread's share. */
+int kvs_split_grain(int units, int nth, size_t unit_bytes);
 /* Claims the next units [*u0, *u1) for thread ith; 0 when nothing is left anywhere. */
 int kvs_split_next(kvs_split *s, int ith, int *u0, int *u1);
 

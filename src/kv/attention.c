@@ -140,11 +140,13 @@ static void weighted_values(const kvs_store *s, int layer, int kvh, const float 
                             const int *sel, int n, float *out)
 {
     const int hd = kvs_store_cfg(s)->head_dim;
+    if (!kvs_store_kivi(s) && kvs_store_cfg(s)->type == KVS_F16) {
+        kvs_weighted_rows_f16(out, p, kvs_store_values(s, layer, kvh), sel, n, hd); /* sets out */
+        return;
+    }
     memset(out, 0, sizeof(float) * hd);
     if (kvs_store_kivi(s)) {
         weighted_values_kivi(s, layer, kvh, p, sel, n, out);
-    } else if (kvs_store_cfg(s)->type == KVS_F16) {
-        kvs_weighted_rows_f16(out, p, kvs_store_values(s, layer, kvh), sel, n, hd);
     } else {
         const float *values = kvs_store_values(s, layer, kvh);
         for (int j = 0; j < n; j++)

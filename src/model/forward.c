@@ -225,12 +225,15 @@ kvs_status kvs_forward(const struct kvs_model *m, kvs_pool *pool, kvs_kv *kv,
             kvs_rmsnorm(b->xb + (size_t)i * dim, b->x + (size_t)i * dim, L->ffn_norm, dim,
                         hp->eps);
         if (L->w_gate_up.data) {
-            if ((st = matmul(pool, b->hb, b->xb, &L->w_gate_up, n, ex, l, "ffn_gate", err)) != KVS_OK)
+            st = matmul(pool, b->hb, b->xb, &L->w_gate_up, n, ex, l, "ffn_gate", err);
+            if (st != KVS_OK)
                 return st;
             swiglu_stacked(b->hb, n, hp->hidden);
         } else {
-            if ((st = matmul(pool, b->hb, b->xb, &L->w_gate, n, ex, l, "ffn_gate", err)) != KVS_OK ||
-                (st = matmul(pool, b->hb2, b->xb, &L->w_up, n, ex, l, "ffn_up", err)) != KVS_OK)
+            st = matmul(pool, b->hb, b->xb, &L->w_gate, n, ex, l, "ffn_gate", err);
+            if (st == KVS_OK)
+                st = matmul(pool, b->hb2, b->xb, &L->w_up, n, ex, l, "ffn_up", err);
+            if (st != KVS_OK)
                 return st;
             kvs_swiglu(b->hb, b->hb2, n * hp->hidden);
         }

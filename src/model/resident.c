@@ -37,6 +37,13 @@ static int same_form(const kvs_weight *a, const kvs_weight *b)
     return a->type == b->type && a->cols == b->cols;
 }
 
+static int stacks_qkv(const kvs_layer *L)
+{
+    return same_form(&L->wq, &L->wk) && same_form(&L->wq, &L->wv);
+}
+
+static int stacks_gate_up(const kvs_layer *L) { return same_form(&L->w_gate, &L->w_up); }
+
 /* The matrices to move, in the order a forward pass reads them, in groups placed back to back
  * (wq|wk|wv and w_gate|w_up when they share a form, so that they can be multiplied as one); the
  * output last unless it is the embedding (tied), which is read row by row and stays mapped.
@@ -47,8 +54,7 @@ static int list_matrices(struct kvs_model *m, kvs_weight **out, int *group, int 
     for (int l = 0; l < m->hp.n_layers; l++) {
         kvs_layer *L = &m->layers[l];
         kvs_weight *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        const int qkv = same_form(&L->wq, &L->wk) && same_form(&L->wq, &L->wv);
-        const int gate_up = same_form(&L->w_gate, &L->w_up);
+        const int qkv = stacks_qkv(L), gate_up = stacks_gate_up(L);
         /* group starts: q, (k, v unless fused), o, gate, (up unless fused), down */
         const int starts[7] = {1, !qkv, !qkv, 1, 1, !gate_up, 1};
         for (int i = 0; i < 7 && n < cap; i++) {
@@ -111,9 +117,9 @@ void kvs_llama_make_resident(struct kvs_model *m)
     for (int l = 0; l < m->hp.n_layers; l++) {
         kvs_layer *L = &m->layers[l];
         kvs_weight *const qkv[3] = {&L->wq, &L->wk, &L->wv}, *const gu[2] = {&L->w_gate, &L->w_up};
-        if (same_form(&L->wq, &L->wk) && same_form(&L->wq, &L->wv))
+        if (stacks_qkv(L))
             L->wqkv = stacked(qkv, 3);
-        if (same_form(&L->w_gate, &L->w_up))
+        if (stacks_gate_up(L))
             L->w_gate_up = stacked(gu, 2);
     }
     free(ws);
