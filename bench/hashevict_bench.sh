@@ -16,9 +16,9 @@
 # bench` reads through the API (kvs_hashevict_timing_line in src/policies/hashevict.h; the
 # policy itself prints nothing) and prints on stderr, one line per phase: microseconds per
 # decode step (all layers and heads) for hashing the new keys and queries, the victim search,
-# and the eviction (removing the victim from the position-sorted store, i.e. the compaction
-# memmove, and writing the slot table); fed prompt tokens are reported separately. A bench
-# that does not print those lines yet leaves the per-step table empty.
+# and the eviction (finding the victim's store row and moving the store's last row into it,
+# kvs_store_remove_unordered, and writing the slot table); fed prompt tokens are reported
+# separately. A bench that does not print those lines yet leaves the per-step table empty.
 #
 # Environment: N_PROMPT (8192), N_GEN (64), THREADS (2), BUDGET (0.1; a fraction, or N for slots=N), ROUNDS (3), PAPER (1),
 #   POLICIES ("full streaming h2o tova"), QUIET_WAIT (60: before each run, wait up to this many
@@ -122,7 +122,7 @@ for s in specs:
     for f in runs:
         for line in open(f[:-5] + '.log'):
             m = re.search(r'timing, (decode|fed prompt tokens): (\d+) steps; per step: hash ([\d.]+) us, '
-                          r'victim search ([\d.]+) us, evict \(store compaction \+ table\) ([\d.]+) us', line)
+                          r'victim search ([\d.]+) us, evict \(store removal \+ table\) ([\d.]+) us', line)
             if m:
                 timing.setdefault(m.group(1), []).append(tuple(float(x) for x in m.groups()[2:]))
     t = {k: tuple(statistics.median(x[i] for x in v) for i in range(3)) for k, v in timing.items()}
@@ -146,7 +146,7 @@ for s, n, pf, dc, share, kvb, kvp, rss, fl, t in rows:
     print(f"| {s} | {n} | {pf:.1f} | {dc:.1f} | {ratio} | {100 * share:.1f}% | {mib(kvb)} | "
           f"{mib(kvp)} | {mib(rss)} | {fl:.2f} cores |")
 print("\nHashEvict per step (all 12 layers x 12 KV heads), microseconds:\n")
-print("| KV policy | phase | hash | victim search | evict (store compaction + table) | "
+print("| KV policy | phase | hash | victim search | evict (store removal + table) | "
       "share of a decode step |")
 print("|---|---|---|---|---|---|")
 for s, n, pf, dc, share, kvb, kvp, rss, fl, t in rows:

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check_store.h"
 #include "engine/session_internal.h"
 #include "kv/kv_store.h"
 
@@ -180,11 +181,14 @@ static void observer(void *ctx, const kvs_kv *kv, int layer, const char *hook)
         const int n = kvs_store_count(st, layer, h);
         const int32_t *pos = kvs_store_pos(st, layer, h);
         for (int i = 0; i < n; i++)
-            if (pos[i] < 0 || pos[i] > newest || (i > 0 && pos[i] <= pos[i - 1])) {
-                fx_violation(o, "slot %d has position %d: unsorted, repeated or unseen", layer, h,
-                             hook, i, pos[i]);
+            if (pos[i] < 0 || pos[i] > newest) {
+                fx_violation(o, "slot %d has position %d: unseen", layer, h, hook, i, pos[i]);
                 break;
             }
+        const int bad = check_store_positions(st, layer, h);
+        if (bad >= 0)
+            fx_violation(o, "slot %d: positions out of order or repeated (ordered: %d)", layer, h,
+                         hook, bad, kvs_store_ordered(st, layer, h));
         int expect = seen; /* the exact live count after this hook */
         if (kind == KVS_KIND_EVICTING)
             expect = min_i(seen, !strcmp(hook, "before_append") ? B - 1 : B);
@@ -204,6 +208,8 @@ static void observer(void *ctx, const kvs_kv *kv, int layer, const char *hook)
             h < FX_MAX_H && n <= FX_N_TOK) {
             o->snap_n[layer][h] = n;
             memcpy(o->snap_pos[layer][h], pos, sizeof(int32_t) * (size_t)n);
+            /* the kept set, whatever the slots' order (kvs_store_remove_unordered) */
+            qsort(o->snap_pos[layer][h], (size_t)n, sizeof(int32_t), check_store_cmp_i32);
         }
     }
     if (o->extra)

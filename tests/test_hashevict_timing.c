@@ -51,7 +51,7 @@ static long run(const char *spec, int is_he)
         snprintf(want, sizeof want, "%s timing, decode: %d steps; per step: hash ", spec, DECODE);
         CHECKF(strncmp(line, want, strlen(want)) == 0, "%s", line);
         CHECKF(strstr(line, " us, victim search ") &&
-                   strstr(line, " us, evict (store compaction + table) "),
+                   strstr(line, " us, evict (store removal + table) "),
                "%s", line);
         CHECK(kvs_hashevict_timing_line(p, KVS_HE_FED, line, sizeof line) == 0);
         CHECKF(strstr(line, "timing, fed prompt tokens: 16 steps; per step: hash "), "%s", line);

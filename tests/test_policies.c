@@ -53,11 +53,17 @@ static void named_checks(fx_obs *o, const kvs_kv *kv, int layer, const char *hoo
                     fx_violation(o, "recent slot %d holds position %d", layer, h, hook, i,
                                  pos[i]);
         } else if (!strcmp(name, "h2o")) {
+            /* The recent window: positions newest - r + 1 .. newest, each held (in any slot:
+             * a victim's slot takes the newest row). */
             const int r = min_i(B / 2, seen);
-            for (int i = 0; i < r && i < n; i++)
-                if (pos[n - r + i] != newest - r + 1 + i)
-                    fx_violation(o, "recent window: slot %d holds position %d", layer, h, hook,
-                                 n - r + i, pos[n - r + i]);
+            for (int32_t want = newest - r + 1; want <= newest; want++) {
+                int held = 0;
+                for (int i = 0; i < n && !held; i++)
+                    held = pos[i] == want;
+                if (!held)
+                    fx_violation(o, "recent window: position %d not held (%d slots)", layer, h,
+                                 hook, want, n);
+            }
         }
     }
 }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "check_store.h"
 #include "core/kernels.h"
 #include "engine/session_internal.h"
 #include "kv/kv.h"
@@ -195,8 +196,9 @@ static int all_finite(const float *x, int n)
     return 1;
 }
 
-/* Positions of every head strictly increasing and (if bound > 0) below bound. Returns the
- * largest position held, or -1 after reporting a violation. */
+/* Positions of every head distinct, increasing if the head is in order (check_store.h), and
+ * (if bound > 0) below bound. Returns the largest position held, or -1 after reporting a
+ * violation. */
 static int check_positions(kvs_session *s, int bound, const char *what, int step)
 {
     const kvs_store *st = kvs_kv_store(kvs_session_kv(s));
@@ -205,10 +207,16 @@ static int check_positions(kvs_session *s, int bound, const char *what, int step
         for (int h = 0; h < info.n_kv_heads; h++) {
             const int n = kvs_store_count(st, l, h);
             const int32_t *p = kvs_store_pos(st, l, h);
+            const int bad = check_store_positions(st, l, h);
+            if (bad >= 0) {
+                CHECKF(0, "%s, step %d, layer %d head %d: slot %d out of order or repeated "
+                       "(ordered %d)", what, step, l, h, bad, kvs_store_ordered(st, l, h));
+                return -1;
+            }
             for (int i = 0; i < n; i++) {
-                if ((i > 0 && p[i] <= p[i - 1]) || p[i] < 0 || (bound > 0 && p[i] >= bound)) {
-                    CHECKF(0, "%s, step %d, layer %d head %d slot %d: position %d (previous %d, "
-                           "bound %d)", what, step, l, h, i, p[i], i ? p[i - 1] : -1, bound);
+                if (p[i] < 0 || (bound > 0 && p[i] >= bound)) {
+                    CHECKF(0, "%s, step %d, layer %d head %d slot %d: position %d (bound %d)",
+                           what, step, l, h, i, p[i], bound);
                     return -1;
                 }
                 if (p[i] > max)

@@ -246,16 +246,13 @@ static void score(const kvs_recall_prompt *p, int t, const float *logits, int V,
     }
 }
 
-static int cmp_i32(const void *a, const void *b)
-{
-    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
-/* Whether slot positions pos[0..n) (ascending) hold position x. */
+/* Whether a head holds position x (its slots may be out of position order: kv_store.h). */
 static int holds(const int32_t *pos, int n, int32_t x)
 {
-    return n > 0 && bsearch(&x, pos, (size_t)n, sizeof *pos, cmp_i32) != NULL;
+    for (int i = 0; i < n; i++)
+        if (pos[i] == x)
+            return 1;
+    return 0;
 }
 
 /* r->needle_kept right after the context (kvs_recall_result). */

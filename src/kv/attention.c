@@ -238,7 +238,8 @@ static void attend_row(const task *t, int i, int h, float *scores)
     if (sel) {
         n = a->n_sel[kvh];
     } else {
-        /* Slots are sorted by position, so the visible ones are a prefix. */
+        /* The slots after the query's position are a suffix (kv_store.h), in an unordered
+         * head too: the visible ones are a prefix. */
         const int32_t *pos = kvs_store_pos(s, a->layer, kvh);
         n = kvs_store_count(s, a->layer, kvh);
         while (n > 0 && pos[n - 1] > a->qpos[i])
@@ -380,7 +381,7 @@ static kvs_status attend_gemm(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_at
                 memcpy(Q + ((size_t)g * n + i) * hd,
                        a->q + ((size_t)i * a->n_heads + kvh * group + g) * hd, sizeof(float) * hd);
         for (int i = 0; i < n; i++) {
-            int lo = 0, hi = count; /* first slot after qpos[i] (positions are sorted) */
+            int lo = 0, hi = count; /* first slot after qpos[i]: they are a suffix */
             while (lo < hi) {
                 int mid = (lo + hi) / 2;
                 if (pos[mid] <= a->qpos[i])

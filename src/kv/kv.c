@@ -320,17 +320,23 @@ static double recall_of(kvs_kv *kv, int layer, int kvh, const float *q, int32_t 
     double z = 0;
     for (int j = 0; j < n; j++)
         z += exp((double)p[j] - m);
-    /* Walk the attended positions and the shadow positions together (both sorted). */
+    /* Each attended position in the shadow's (which never evicts, so is in position order);
+     * the attended ones may be in any order (kvs_store_remove_unordered). */
     const int32_t *pos = att_pos ? att_pos : kvs_store_pos(kv->store, layer, kvh);
     int count = sel || att_pos ? n_sel : kvs_store_count(kv->store, layer, kvh);
     double mass = 0;
-    int j = 0;
     for (int s = 0; s < count; s++) {
-        int32_t ps = pos[sel ? sel[s] : s];
-        while (j < n && all_pos[j] < ps)
-            j++;
-        if (j < n && all_pos[j] == ps)
-            mass += exp((double)p[j] - m);
+        const int32_t ps = pos[sel ? sel[s] : s];
+        int lo = 0, hi = n;
+        while (lo < hi) {
+            const int mid = lo + (hi - lo) / 2;
+            if (all_pos[mid] < ps)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo < n && all_pos[lo] == ps)
+            mass += exp((double)p[lo] - m);
     }
     return mass / z;
 }
@@ -513,12 +519,26 @@ void kvs_kv_end_batch(kvs_kv *kv, int n)
     update_peak(kv);
 }
 
-/* New positions of one head's slots (see kvs_kv_shift): a monotone map. */
+typedef struct pos_slot {
+    int32_t pos;
+    int slot;
+} pos_slot;
+
+static int by_pos(const void *a, const void *b)
+{
+    const pos_slot *x = a, *y = b;
+    return (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+/* New positions of one head's slots (see kvs_kv_shift): a monotone map, taken in position
+ * order: along the slots, or along order[] (slot indices by position) for a head out of
+ * order. */
 static void shifted_positions(const int32_t *pos, int n, int32_t keep, int32_t delta,
-                              int32_t *out)
+                              const pos_slot *order, int32_t *out)
 {
     int32_t prev = keep - 1;
-    for (int i = 0; i < n; i++) {
+    for (int r = 0; r < n; r++) {
+        const int i = order ? order[r].slot : r;
         if (pos[i] < keep) {
             out[i] = pos[i];
             continue;
@@ -546,8 +566,8 @@ kvs_status kvs_kv_shift(kvs_kv *kv, int32_t next, const kvs_rope_cfg *rope, int3
             const int n = kvs_store_count(kv->store, l, h);
             const int32_t *pos = kvs_store_pos(kv->store, l, h);
             int pre = 0;
-            while (pre < n && pos[pre] < keep)
-                pre++;
+            for (int i = 0; i < n; i++)
+                pre += pos[i] < keep;
             need = keep + (n - pre) > need ? keep + (n - pre) : need;
             most = n > most ? n : most;
         }
@@ -558,9 +578,11 @@ kvs_status kvs_kv_shift(kvs_kv *kv, int32_t next, const kvs_rope_cfg *rope, int3
     const int32_t d = next - (int32_t)target;
     int32_t *buf = malloc(sizeof(int32_t) * ((size_t)nkv * most + (size_t)most + 1));
     const int32_t **old = malloc(sizeof *old * (size_t)nkv);
-    if (!buf || !old) {
+    pos_slot *order = malloc(sizeof *order * (size_t)(most + 1));
+    if (!buf || !old || !order) {
         free(buf);
         free(old);
+        free(order);
         return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for position shifting");
     }
     int32_t *new_pos = buf + (size_t)nkv * most;
@@ -573,7 +595,12 @@ kvs_status kvs_kv_shift(kvs_kv *kv, int32_t next, const kvs_rope_cfg *rope, int3
             if (n > 0)
                 memcpy(o, kvs_store_pos(kv->store, l, h), sizeof(int32_t) * (size_t)n);
             old[h] = o;
-            shifted_positions(o, n, keep, d, new_pos);
+            const int ordered = kvs_store_ordered(kv->store, l, h);
+            for (int i = 0; i < n && !ordered; i++)
+                order[i] = (pos_slot){o[i], i};
+            if (!ordered)
+                qsort(order, (size_t)n, sizeof *order, by_pos);
+            shifted_positions(o, n, keep, d, ordered ? NULL : order, new_pos);
             st = kvs_store_shift(kv->store, l, h, new_pos, rope, err);
         }
         if (st == KVS_OK && kv->policy.type->shift) {
@@ -583,6 +610,7 @@ kvs_status kvs_kv_shift(kvs_kv *kv, int32_t next, const kvs_rope_cfg *rope, int3
     }
     free(buf);
     free(old);
+    free(order);
     if (st == KVS_OK)
         *delta = d;
     return st;

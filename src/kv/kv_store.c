@@ -12,7 +12,13 @@
 /* Live slots occupy rows [start, start + count) of arrays of cap rows. A free prefix lets a
  * removal near the front move the few slots before it instead of the long tail after it. Every
  * array of a head lives in one block, so that a resize is one allocation: it either happens
- * whole or not at all, and a failed one leaves the head exactly as it was. */
+ * whole or not at all, and a failed one leaves the head exactly as it was.
+ *
+ * Slot order. Appends always come after every held position, and every change but
+ * kvs_store_remove_unordered keeps the slots' relative order; so a head is in position order
+ * until a policy fills a victim's slot with the last row (unordered set), and even then the
+ * slots after any position a query can have are a suffix (what attention's causal mask relies
+ * on). newest is the largest position held: what an append must come after. */
 /* KIVI state of a head (kivi.h, minicache.md §2.10). The F16 rows of the store are not used
  * (row_bytes is 0): a KIVI head holds only what §3.2 counts, in byte arrays of its own.
  *  - kc: the quantised key groups, one after another. Group g holds live slots
@@ -42,6 +48,8 @@ typedef struct store_head {
     int32_t *pos;
     float *meta[KVS_STORE_MAX_META];
     int start, count, cap;
+    int32_t newest; /* the largest position held (count > 0) */
+    int unordered;  /* the slots are not in position order (kvs_store_remove_unordered) */
     kivi_head kq;
 } store_head;
 
@@ -87,16 +95,43 @@ static void head_release(store_head *h)
 }
 
 /* The invariants of a head, checked after every change in debug builds: live rows inside the
- * arrays, capacity within the store's limit, positions strictly increasing. */
+ * arrays, capacity within the store's limit, positions strictly increasing unless the head is
+ * unordered, newest the largest of them. */
 static void check_head(const kvs_store *s, const store_head *h)
 {
     KVS_ASSERT(h->start >= 0 && h->count >= 0 && h->start + h->count <= h->cap);
     KVS_ASSERT(h->cap <= s->cfg.max_slots);
     KVS_ASSERT((h->block != NULL) == (h->cap > 0));
-    KVS_DEBUG_ONLY(for (int i = h->start + 1; i < h->start + h->count; i++)
-                       KVS_ASSERT(h->pos[i - 1] < h->pos[i]);)
+    KVS_ASSERT(!h->unordered || h->count > 1);
+    KVS_DEBUG_ONLY(int32_t most = INT32_MIN;
+                   for (int i = h->start; i < h->start + h->count; i++) {
+                       KVS_ASSERT(h->unordered || i == h->start || h->pos[i - 1] < h->pos[i]);
+                       most = h->pos[i] > most ? h->pos[i] : most;
+                   } KVS_ASSERT(h->count == 0 || most == h->newest);)
     (void)s;
     (void)h;
+}
+
+/* After slots left a head: its newest position again, and whether it is back in order. O(count)
+ * only for an unordered head, whose removals are O(1) otherwise. */
+static void refresh_order(store_head *h)
+{
+    if (h->count <= 1)
+        h->unordered = 0;
+    if (h->count == 0)
+        return;
+    const int32_t *p = h->pos + h->start;
+    if (!h->unordered) {
+        h->newest = p[h->count - 1];
+        return;
+    }
+    int sorted = 1;
+    h->newest = p[0];
+    for (int i = 1; i < h->count; i++) {
+        sorted &= p[i - 1] < p[i];
+        h->newest = p[i] > h->newest ? p[i] : h->newest;
+    }
+    h->unordered = !sorted;
 }
 
 void kvs_store_free(kvs_store *s)
@@ -568,7 +603,8 @@ static size_t block_bytes(const kvs_store *s, int cap)
  * old block. Cannot fail: the allocation came first. */
 static void head_adopt(const kvs_store *s, store_head *h, char *blk, int cap)
 {
-    store_head n = {.block = blk, .count = h->count, .cap = cap, .kq = h->kq};
+    store_head n = {.block = blk, .count = h->count, .cap = cap, .newest = h->newest,
+                    .unordered = h->unordered, .kq = h->kq};
     const size_t rows = align64((size_t)cap * s->row_bytes), floats = align64((size_t)cap * 4);
     n.keys = blk;
     n.values = blk + rows;
@@ -655,9 +691,9 @@ static kvs_status check_room(const kvs_store *s, const store_head *H, int n, con
     if (n > s->cfg.max_slots - H->count)
         return kvs_fail(err, KVS_ERR_ARG, "KV cache full: %d + %d tokens exceed the context of %d",
                         H->count, n, s->cfg.max_slots);
-    if (n > 0 && H->count > 0 && pos[0] <= H->pos[H->start + H->count - 1])
+    if (n > 0 && H->count > 0 && pos[0] <= H->newest)
         return kvs_fail(err, KVS_ERR_ARG, "KV append: position %d is not after %d", pos[0],
-                        H->pos[H->start + H->count - 1]);
+                        H->newest);
     return KVS_OK;
 }
 
@@ -724,6 +760,8 @@ kvs_status kvs_store_append(kvs_store *s, int layer, int n, const float *k, cons
                 H->meta[c][slot] = 0.0f;
         }
         H->count = need;
+        if (n > 0)
+            H->newest = pos[n - 1];
         check_head(s, H);
     }
     return KVS_OK;
@@ -764,6 +802,8 @@ kvs_status kvs_store_append_raw(kvs_store *s, int layer, int head, int n, const 
     for (int c = 0; c < s->cfg.n_meta; c++)
         memset(H->meta[c] + first, 0, sizeof(float) * (size_t)n);
     H->count = need;
+    if (n > 0)
+        H->newest = pos[n - 1];
     check_head(s, H);
     return KVS_OK;
 }
@@ -773,6 +813,7 @@ void kvs_store_reset_head(kvs_store *s, int layer, int head)
     store_head *H = head_at(s, layer, head);
     H->start = 0;
     H->count = 0;
+    H->unordered = 0;
     KVS_ASSERT(!s->kivi.k_bits); /* a KIVI head also keeps codes and groups */
 }
 
@@ -806,6 +847,7 @@ void kvs_store_keep(kvs_store *s, int layer, int head, const int *slots, int n)
             move_rows(s, H, H->start + i, H->start + slots[i], 1);
     }
     H->count = n;
+    refresh_order(H);
     /* Give memory back once the slack is large. Optional: a failed shrink leaves the head as
      * it was, in its larger block. */
     if (H->cap > n + 2 * slack(n))
@@ -827,11 +869,75 @@ void kvs_store_remove(kvs_store *s, int layer, int head, int slot)
         move_rows(s, H, H->start + slot, H->start + slot + 1, H->count - slot - 1);
     }
     H->count--;
+    refresh_order(H);
     check_head(s, H);
+}
+
+void kvs_store_remove_unordered(kvs_store *s, int layer, int head, int slot)
+{
+    store_head *H = head_at(s, layer, head);
+    KVS_ASSERT(slot >= 0 && slot < H->count);
+    if (s->kivi.k_bits || slot == H->count - 1) {
+        kvs_store_remove(s, layer, head, slot); /* KIVI codes are grouped in position order */
+        return;
+    }
+    const int32_t gone = H->pos[H->start + slot];
+    const int was_ordered = !H->unordered;
+    move_rows(s, H, H->start + slot, H->start + H->count - 1, 1);
+    H->count--;
+    /* In order still only if the moved row (the newest of an ordered head) is now the last. */
+    H->unordered = H->count > 1 && !(was_ordered && slot == H->count - 1);
+    if (gone == H->newest)
+        refresh_order(H);
+    check_head(s, H);
+}
+
+int kvs_store_ordered(const kvs_store *s, int layer, int head)
+{
+    return !head_at(s, layer, head)->unordered;
 }
 
 /* The largest magnitude an F16 element holds. */
 #define F16_MAX 65504.0f
+
+typedef struct pos_slot {
+    int32_t pos;
+    int slot;
+} pos_slot;
+
+static int by_pos(const void *a, const void *b)
+{
+    const pos_slot *x = a, *y = b;
+    return (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+/* A shift must keep the slots' order by position: new positions >= 0, increasing along the old
+ * ones (along the slots, for a head in order). */
+static kvs_status check_shift(const kvs_store *s, const store_head *H, int layer, int head,
+                              const int32_t *new_pos, kvs_error *err)
+{
+    (void)s;
+    const int32_t *old = H->pos + H->start;
+    pos_slot *by = NULL;
+    if (H->unordered) {
+        if (!(by = malloc(sizeof *by * (size_t)H->count)))
+            return kvs_fail(err, KVS_ERR_NOMEM, "out of memory checking a KV shift");
+        for (int i = 0; i < H->count; i++)
+            by[i] = (pos_slot){old[i], i};
+        qsort(by, (size_t)H->count, sizeof *by, by_pos);
+    }
+    for (int r = 0; r < H->count; r++) {
+        const int i = by ? by[r].slot : r, prev = r == 0 ? -1 : by ? by[r - 1].slot : r - 1;
+        if (new_pos[i] < 0 || (prev >= 0 && new_pos[i] <= new_pos[prev])) {
+            const int32_t after = prev >= 0 ? new_pos[prev] : -1;
+            free(by);
+            return kvs_fail(err, KVS_ERR_ARG, "KV shift, layer %d head %d: new position %d of "
+                            "slot %d is not after %d", layer, head, new_pos[i], i, after);
+        }
+    }
+    free(by);
+    return KVS_OK;
+}
 
 kvs_status kvs_store_shift(kvs_store *s, int layer, int head, const int32_t *new_pos,
                            const kvs_rope_cfg *rope, kvs_error *err)
@@ -841,11 +947,9 @@ kvs_status kvs_store_shift(kvs_store *s, int layer, int head, const int32_t *new
     if (s->kivi.k_bits)
         return kvs_fail(err, KVS_ERR_UNSUPPORTED, "position shifting cannot re-rotate KIVI "
                         "quantised keys (--kv-type kivi...): use --kv-type f16 or f32 with it");
-    for (int i = 0; i < H->count; i++)
-        if (new_pos[i] < 0 || (i > 0 && new_pos[i] <= new_pos[i - 1]))
-            return kvs_fail(err, KVS_ERR_ARG, "KV shift, layer %d head %d: new position %d of "
-                            "slot %d is not after %d", layer, head, new_pos[i], i,
-                            i > 0 ? new_pos[i - 1] : -1);
+    kvs_status vst = check_shift(s, H, layer, head, new_pos, err);
+    if (vst != KVS_OK)
+        return vst;
     float row[hd];
     if (s->cfg.type == KVS_F16) {
         /* Check every key before changing any: a rotation keeps each pair's norm but may move
@@ -881,6 +985,10 @@ kvs_status kvs_store_shift(kvs_store *s, int layer, int head, const int32_t *new
         }
         H->pos[slot] = new_pos[i];
     }
+    if (H->count > 0) /* the order is kept: the newest slot is the same one */
+        for (int i = 0; i < H->count; i++)
+            if (i == 0 || H->pos[H->start + i] > H->newest)
+                H->newest = H->pos[H->start + i];
     check_head(s, H);
     return KVS_OK;
 }

@@ -1,6 +1,7 @@
 /* The slot store: per layer and KV head, slots of post-RoPE key, value, absolute position and
- * optional per-slot float metadata for the policy, kept sorted by position. Eviction compacts in
- * place and gives memory back; accounting is exact. */
+ * optional per-slot float metadata for the policy. Slots are in position order unless a policy
+ * removed one with kvs_store_remove_unordered; appends always come after every held position.
+ * Eviction compacts in place and gives memory back; accounting is exact. */
 #ifndef KVS_KV_STORE_H
 #define KVS_KV_STORE_H
 
@@ -67,13 +68,22 @@ kvs_status kvs_store_append_raw(kvs_store *s, int layer, int head, int n, const 
 void kvs_store_reset_head(kvs_store *s, int layer, int head);
 /* Keeps only the listed slots (strictly increasing indices) of one head, compacting in place. */
 void kvs_store_keep(kvs_store *s, int layer, int head, const int *slots, int n);
-/* Removes one slot of one head. */
+/* Removes one slot of one head, keeping the others' order (moves the shorter side). */
 void kvs_store_remove(kvs_store *s, int layer, int head, int slot);
+/* Removes one slot of one head by moving the last slot's row (key, value, position, metadata)
+ * into it: one row moved instead of up to half the head, for policies that evict one victim
+ * per step. The head's slots are then out of position order (kvs_store_ordered), but appended
+ * rows still follow every held position, so the rows a query may not see stay a suffix. A KIVI
+ * store, whose codes are grouped in position order, removes in order (kvs_store_remove). */
+void kvs_store_remove_unordered(kvs_store *s, int layer, int head, int slot);
+/* Whether a head's slots are in position order: always, unless kvs_store_remove_unordered
+ * moved a row out of it (a later keep or remove finds out whether it is back in order). */
+int kvs_store_ordered(const kvs_store *s, int layer, int head);
 
-/* Position shifting: moves the count slots of one head to new_pos (count positions, strictly
- * increasing, >= 0) and re-rotates each key from its old position to its new one (F16 keys are
+/* Position shifting: moves the count slots of one head to new_pos (count positions >= 0, in
+ * the order of the old ones: increasing along the slots of a head in order) and re-rotates each key from its old position to its new one (F16 keys are
  * dequantised, rotated and rounded back). Values and metadata stay. Fails, leaving the head
- * unchanged, if new_pos is not increasing or a rotated F16 key leaves the F16 range. */
+ * unchanged, if new_pos breaks the order or a rotated F16 key leaves the F16 range. */
 kvs_status kvs_store_shift(kvs_store *s, int layer, int head, const int32_t *new_pos,
                            const kvs_rope_cfg *rope, kvs_error *err);
 

@@ -104,6 +104,7 @@ kvs_status kvs_policy_add_group_mean(const kvs_policy *p, int layer, const kvs_c
 
 typedef struct ranked {
     float score;
+    int32_t pos;
     int slot;
 } ranked;
 
@@ -112,7 +113,7 @@ static int by_score_keep_older(const void *a, const void *b)
     const ranked *x = a, *y = b;
     if (x->score != y->score)
         return x->score > y->score ? -1 : 1;
-    return x->slot - y->slot;
+    return (x->pos > y->pos) - (x->pos < y->pos);
 }
 
 static int by_score_keep_newer(const void *a, const void *b)
@@ -120,7 +121,13 @@ static int by_score_keep_newer(const void *a, const void *b)
     const ranked *x = a, *y = b;
     if (x->score != y->score)
         return x->score > y->score ? -1 : 1;
-    return y->slot - x->slot;
+    return (x->pos < y->pos) - (x->pos > y->pos);
+}
+
+static int by_position(const void *a, const void *b)
+{
+    const ranked *x = a, *y = b;
+    return (x->pos > y->pos) - (x->pos < y->pos);
 }
 
 static int by_slot(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
@@ -138,29 +145,35 @@ kvs_status kvs_evict_keep_top(kvs_store *s, int layer, int head, const float *sc
     /* Without memory to rank the slots nothing is evicted and the caller fails: keeping some
      * other set (the newest, say) would be a different policy, silently. */
     int *keep = malloc(sizeof(int) * (size_t)budget);
-    ranked *mid = malloc(sizeof(ranked) * (size_t)n);
-    if (!keep || !mid) {
+    ranked *r = malloc(sizeof(ranked) * (size_t)n);
+    if (!keep || !r) {
         free(keep);
-        free(mid);
+        free(r);
         return kvs_fail(err, KVS_ERR_NOMEM, "out of memory ranking %d slots of layer %d, KV "
                         "head %d", n, layer, head);
     }
-    /* Slots are sorted by position, so sinks are a prefix and the recent window a suffix. */
-    int k = 0, n_mid = 0;
+    /* In position order (a head out of order is sorted here, not in the store), sinks are a
+     * prefix and the recent window a suffix; the rest is ranked by score. */
+    const int32_t *pos = kvs_store_pos(s, layer, head);
+    for (int i = 0; i < n; i++)
+        r[i] = (ranked){score[i], pos[i], i};
+    if (!kvs_store_ordered(s, layer, head))
+        qsort(r, (size_t)n, sizeof *r, by_position);
+    int k = 0;
     for (int i = 0; i < sinks; i++)
-        keep[k++] = i;
-    for (int i = sinks; i < n - recent; i++)
-        mid[n_mid++] = (ranked){score[i], i};
+        keep[k++] = r[i].slot;
+    for (int i = n - recent; i < n; i++)
+        keep[k++] = r[i].slot;
+    ranked *mid = r + sinks;
+    const int n_mid = n - recent - sinks;
     qsort(mid, (size_t)n_mid, sizeof *mid,
           tie == KVS_TIE_KEEP_OLDER ? by_score_keep_older : by_score_keep_newer);
     for (int i = 0; i < budget - sinks - recent; i++)
         keep[k++] = mid[i].slot;
-    for (int i = n - recent; i < n; i++)
-        keep[k++] = i;
     qsort(keep, (size_t)k, sizeof *keep, by_slot);
     kvs_store_keep(s, layer, head, keep, k);
     free(keep);
-    free(mid);
+    free(r);
     KVS_ASSERT(kvs_store_count(s, layer, head) == budget);
     return KVS_OK;
 }

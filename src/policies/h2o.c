@@ -8,7 +8,8 @@
  * Prefill: after every chunk the head is evicted down to the budget, so long prompts processed
  * in chunks stay bounded. Decode: the new token is appended (no before_append), attention runs
  * over budget + 1 slots, then after_attention adds the step's probabilities and evicts the one
- * lowest-scored slot outside the recent half (ties: the oldest goes). */
+ * lowest-scored slot outside the recent half (ties: the oldest goes), moving the newest slot's
+ * row into the victim's (kvs_store_remove_unordered: one row moved, not half the head). */
 #include <stdlib.h>
 
 #include "policies/policies.h"
@@ -46,6 +47,29 @@ static kvs_status prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kv
     return KVS_OK;
 }
 
+/* The usual decode step's one victim: the lowest score outside the recent window (the oldest
+ * of equal scores), found in one pass whatever the slots' order. The window is the positions
+ * newest - recent + 1 .. newest, which holds when the window's positions are consecutive (one
+ * token per step): -1 when it is not, and the caller ranks the head in full. */
+static int one_victim(const kvs_policy *p, int layer, int h, const float *score, int recent)
+{
+    const int n = kvs_store_count(p->store, layer, h);
+    const int32_t *pos = kvs_store_pos(p->store, layer, h);
+    int32_t newest = pos[0];
+    for (int j = 1; j < n; j++)
+        newest = pos[j] > newest ? pos[j] : newest;
+    const int32_t first_recent = newest - recent + 1;
+    int in_window = 0, victim = -1;
+    for (int j = 0; j < n; j++) {
+        if (pos[j] >= first_recent)
+            in_window++;
+        else if (victim < 0 || score[j] < score[victim] ||
+                 (score[j] == score[victim] && pos[j] < pos[victim]))
+            victim = j;
+    }
+    return in_window == recent ? victim : -1;
+}
+
 static kvs_status after_attention(kvs_policy *p, int layer, const float *probs, int stride,
                                   kvs_error *err)
 {
@@ -57,14 +81,9 @@ static kvs_status after_attention(kvs_policy *p, int layer, const float *probs, 
         kvs_group_mean_add(score, probs + (size_t)h * group * stride, (size_t)stride, group, n);
         if (n <= p->budget)
             continue;
-        if (n == p->budget + 1) {
-            /* The usual step: one victim, the lowest score outside the recent window; a
-             * strict < keeps the oldest of equal scores as the victim. */
-            int victim = 0;
-            for (int j = 1; j < n - recent; j++)
-                if (score[j] < score[victim])
-                    victim = j;
-            kvs_store_remove(p->store, layer, h, victim);
+        const int victim = n == p->budget + 1 ? one_victim(p, layer, h, score, recent) : -1;
+        if (victim >= 0) {
+            kvs_store_remove_unordered(p->store, layer, h, victim);
         } else {
             kvs_status st = kvs_evict_keep_top(p->store, layer, h, score, p->budget, 0,
                                                recent, KVS_TIE_KEEP_NEWER, err);

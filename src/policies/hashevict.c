@@ -12,11 +12,14 @@
  * softmax is read; the new token then attends over the live slots, itself included.
  *
  * Physical slots. The spec overwrites the victim's slot in place and breaks ties by the lowest
- * slot index; the store here keeps tokens sorted by position (the victim is removed, the new
- * token appended). The policy therefore keeps the spec's table per (layer, head): pos[C] and
- * code[C][nw] indexed by physical slot; the new token takes the victim's physical slot, and the
- * store is only K/V. ties=slot breaks ties by the lowest physical slot (spec parity);
- * ties=oldest (default) by the oldest position.
+ * slot index. The policy keeps the spec's table per (layer, head): pos[C] and code[C][nw]
+ * indexed by physical slot; the new token takes the victim's physical slot. The store is only
+ * K/V, in an order of its own: it removes the victim by moving its last row into the victim's
+ * place (kvs_store_remove_unordered: one row moved, where keeping position order moved up to
+ * half the head) and appends the new token at its end. The victim's store row is found by its
+ * position, a scan of C ints (no index is kept: it would be state to count). ties=slot breaks
+ * ties by the lowest physical slot (spec parity); ties=oldest (default) by the oldest
+ * position.
  *
  * Prefill. prefill=paper (default): the first C prompt tokens are prefilled densely (in chunks
  * of at most the session's chunk size) and hashed; every later prompt token is fed on its own
@@ -38,8 +41,7 @@
  *
  * Cost per decode step (kvs_hashevict_timing; bench/hashevict_bench.sh): hashing (Hq + Hkv) x
  * bits dot products of head_dim; the victim search XOR + popcount over C slots per KV head (AVX-512 VPOPCNTDQ when
- * available); the eviction is kvs_store_remove, whose memmove of the tail of the position-sorted
- * store is the largest of the three (the spec's in-place overwrite needs no move). */
+ * available); the eviction (one row moved in the store, the table's slot written). */
 #include "policies/hashevict_internal.h"
 
 #include <math.h>
@@ -432,27 +434,21 @@ kvs_status kvs_he_prefill_chunk(kvs_policy *p, int layer, const kvs_chunk *c, kv
         if (st->prefill != KVS_HE_PREFILL_PAPER && n > C) {
             /* The code's rule, per chunk: hashevict keeps the sinks and the newest C - sinks;
              * l2evict the sinks, the recent window and the lowest norms up to C. */
-            if (!st->l2) {
-                int *keep = malloc(sizeof(int) * (size_t)C);
-                if (!keep)
-                    return kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory", p->spec.user);
-                int k = 0;
-                for (int i = 0; i < st->sinks; i++)
-                    keep[k++] = i;
-                for (int i = n - (C - st->sinks); i < n; i++)
-                    keep[k++] = i;
-                kvs_store_keep(p->store, layer, h, keep, k);
-                free(keep);
+            float *score = scores_buf(st, (size_t)n);
+            if (!score)
+                return kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory", p->spec.user);
+            kvs_status kst;
+            if (!st->l2) { /* the sinks and the newest C - sinks: nothing is ranked by score */
+                memset(score, 0, sizeof(float) * (size_t)n);
+                kst = kvs_evict_keep_top(p->store, layer, h, score, C, st->sinks, C - st->sinks,
+                                         KVS_TIE_KEEP_NEWER, err);
             } else {
-                float *score = scores_buf(st, (size_t)n);
-                if (!score)
-                    return kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory", p->spec.user);
-                kvs_status kst = kvs_l2_keep_lowest_norms(p, layer, h, score, key, st->sinks,
-                                                          st->recent, err);
-                if (kst != KVS_OK)
-                    return kst;
+                kst = kvs_l2_keep_lowest_norms(p, layer, h, score, key, st->sinks, st->recent,
+                                               err);
             }
-            /* The table in position order: physical slot = rank. */
+            if (kst != KVS_OK)
+                return kst;
+            /* The table in store order: physical slot = rank for a prompt in one go. */
             n = kvs_store_count(p->store, layer, h);
             const int32_t *spos = kvs_store_pos(p->store, layer, h);
             for (int i = 0; i < n; i++) {
@@ -499,20 +495,12 @@ static const float *as_stored(const kvs_policy *p, he_state *st, const float *k,
     return out;
 }
 
-/* Logical store index of position pos in a head (slots are sorted by position), or -1. */
-static int store_index(const kvs_store *s, int layer, int h, int32_t pos)
+/* Index of pos in the positions old[0..n) (a store head's, in any order), or -1. */
+static int find_pos(const int32_t *old, int n, int32_t pos)
 {
-    const int32_t *sp = kvs_store_pos(s, layer, h);
-    int lo = 0, hi = kvs_store_count(s, layer, h) - 1;
-    while (lo <= hi) {
-        const int mid = lo + (hi - lo) / 2;
-        if (sp[mid] == pos)
-            return mid;
-        if (sp[mid] < pos)
-            lo = mid + 1;
-        else
-            hi = mid - 1;
-    }
+    for (int i = 0; i < n; i++)
+        if (old[i] == pos)
+            return i;
     return -1;
 }
 
@@ -585,7 +573,8 @@ kvs_status kvs_he_before_append(kvs_policy *p, int layer, const float *q, const 
         st->victim[h] = j;
     }
 
-    /* 3. Remove the victims from the store; the new token takes the victim's physical slot. */
+    /* 3. Remove the victims from the store; the new token takes the victim's physical slot and
+     * the store's next row (the append that follows this hook). */
     const double t2 = seconds_now();
     for (int h = 0; h < nkv; h++) {
         const size_t hi = head_index(st, layer, h);
@@ -593,12 +582,13 @@ kvs_status kvs_he_before_append(kvs_policy *p, int layer, const float *q, const 
         int j = st->victim[h];
         st->last_victim[hi] = -1;
         if (j >= 0) {
-            const int at = store_index(p->store, layer, h, tp[j]);
+            const int at = find_pos(kvs_store_pos(p->store, layer, h),
+                                    kvs_store_count(p->store, layer, h), tp[j]);
             if (at < 0)
                 return kvs_fail(err, KVS_ERR_ARG, "--kv %s: layer %d head %d: position %d of "
                                 "slot %d is not in the store", p->spec.user, layer, h, tp[j], j);
             st->last_victim[hi] = tp[j];
-            kvs_store_remove(p->store, layer, h, at);
+            kvs_store_remove_unordered(p->store, layer, h, at);
         } else {
             j = st->n_filled[hi]++;
         }
@@ -617,20 +607,15 @@ kvs_status kvs_he_before_append(kvs_policy *p, int layer, const float *q, const 
     return KVS_OK;
 }
 
-/* Index of pos in the sorted positions old[0..n), or -1. */
-static int find_pos(const int32_t *old, int n, int32_t pos)
+typedef struct pos_index {
+    int32_t pos;
+    int index;
+} pos_index;
+
+static int by_pos(const void *a, const void *b)
 {
-    int lo = 0, hi = n - 1;
-    while (lo <= hi) {
-        const int mid = lo + (hi - lo) / 2;
-        if (old[mid] == pos)
-            return mid;
-        if (old[mid] < pos)
-            lo = mid + 1;
-        else
-            hi = mid - 1;
-    }
-    return -1;
+    const pos_index *x = a, *y = b;
+    return (x->pos > y->pos) - (x->pos < y->pos);
 }
 
 /* Position shifting moved the store's slots and re-rotated their keys: the table follows (each
@@ -641,20 +626,37 @@ kvs_status kvs_he_shift(kvs_policy *p, int layer, const kvs_shift_info *sh, kvs_
 {
     he_state *st = p->state;
     float *key = st->kbuf; /* one row of scratch */
+    int most = 1;
+    for (int h = 0; h < st->nkv; h++)
+        most = kvs_store_count(p->store, layer, h) > most ? kvs_store_count(p->store, layer, h)
+                                                           : most;
+    /* The store's rows by old position (the store is in an order of its own), to find each
+     * table slot's row in O(log n). */
+    pos_index *by = malloc(sizeof *by * (size_t)most);
+    if (!by)
+        return kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory for position shifting",
+                        p->spec.text);
     for (int h = 0; h < st->nkv; h++) {
         const int n = kvs_store_count(p->store, layer, h);
         const int32_t *now = kvs_store_pos(p->store, layer, h);
         int32_t *tp = table_pos(st, layer, h);
         const int filled = st->n_filled[head_index(st, layer, h)];
+        for (int i = 0; i < n; i++)
+            by[i] = (pos_index){sh->old_pos[h][i], i};
+        qsort(by, (size_t)n, sizeof *by, by_pos);
         for (int j = 0; j < filled; j++) {
-            const int i = find_pos(sh->old_pos[h], n, tp[j]);
-            if (i < 0)
+            const pos_index want = {tp[j], 0};
+            const pos_index *at = bsearch(&want, by, (size_t)n, sizeof *by, by_pos);
+            if (!at) {
+                free(by);
                 return kvs_fail(err, KVS_ERR_ARG, "--kv %s: layer %d head %d: position %d of "
                                 "slot %d is not in the store", p->spec.text, layer, h, tp[j], j);
-            kvs_store_key_f32(p->store, layer, h, i, key);
-            put(st, layer, h, j, now[i], key);
+            }
+            kvs_store_key_f32(p->store, layer, h, at->index, key);
+            put(st, layer, h, j, now[at->index], key);
         }
     }
+    free(by);
     /* The newest placed position (the newest token, in every head) and the last token's. */
     const int n0 = kvs_store_count(p->store, layer, 0);
     const int32_t *now0 = kvs_store_pos(p->store, layer, 0);
@@ -736,7 +738,7 @@ int kvs_hashevict_timing_line(const kvs_policy *p, int phase, char *buf, size_t 
         return -1;
     const double n = (double)t.steps[phase];
     snprintf(buf, size, "%s timing, %s: %ld steps; per step: hash %.2f us, victim search %.2f "
-             "us, evict (store compaction + table) %.2f us", p->spec.user, name[phase],
+             "us, evict (store removal + table) %.2f us", p->spec.user, name[phase],
              t.steps[phase], 1e6 * t.hash_s[phase] / n, 1e6 * t.victim_s[phase] / n,
              1e6 * t.evict_s[phase] / n);
     return 0;

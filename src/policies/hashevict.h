@@ -100,7 +100,7 @@ int kvs_hashevict_bytes(const kvs_policy *p, kvs_he_bytes *b);
 /* Time spent inside before_append (CLOCK_MONOTONIC) since the prompt started, summed over
  * layers, split by phase: [KVS_HE_DECODE] decode steps, [KVS_HE_FED] fed prompt tokens.
  * hash = hashing the new key and the queries; victim = the victim search; evict = removing the
- * victim from the store (the compaction memmove) and writing the table. steps counts tokens
+ * victim from the store (finding its row, moving the last row into it) and writing the table. steps counts tokens
  * (before_append calls on layer 0). The policy never prints them: `kvslim bench` reads them
  * after its decode loop (before the next prompt restarts the policy) through
  * kvs_hashevict_timing of kvs_kv_policy(kvs_session_kv(session)), and prints
@@ -114,7 +114,7 @@ typedef struct kvs_he_timing {
 int kvs_hashevict_timing(const kvs_policy *p, kvs_he_timing *t);
 /* One line (no newline) of a phase's per-step costs in microseconds:
  *   "SPEC timing, decode: N steps; per step: hash X us, victim search Y us, evict (store
- *    compaction + table) Z us"   (phase "fed prompt tokens" for KVS_HE_FED)
+ *    removal + table) Z us"   (phase "fed prompt tokens" for KVS_HE_FED)
  * with SPEC the spec as the user typed it. Returns 0 when written, -1 (buf empty) if p is not a
  * started hashevict or l2evict policy or the phase has no steps. bench/hashevict_bench.sh
  * parses this line from bench's stderr. */

@@ -105,11 +105,14 @@ static kvs_status after_attention(kvs_policy *p, int layer, const float *probs, 
             score[j] = 0.0f;
         kvs_group_mean_add(score, probs + (size_t)h * group * stride, (size_t)stride, group, n);
         if (n == p->budget + 1) {
-            int victim = 0; /* strict <: the oldest of equal scores goes */
+            /* One victim, the lowest score (the oldest of equal ones), whose slot takes the last
+             * slot's row (kvs_store_remove_unordered: one row moved, not half the head). */
+            const int32_t *pos = kvs_store_pos(p->store, layer, h);
+            int victim = 0;
             for (int j = 1; j < n; j++)
-                if (score[j] < score[victim])
+                if (score[j] < score[victim] || (score[j] == score[victim] && pos[j] < pos[victim]))
                     victim = j;
-            kvs_store_remove(p->store, layer, h, victim);
+            kvs_store_remove_unordered(p->store, layer, h, victim);
         } else {
             kvs_status st = kvs_evict_keep_top(p->store, layer, h, score, p->budget, 0, 0,
                                                KVS_TIE_KEEP_NEWER, err);
