@@ -29,7 +29,7 @@ full_decode=""
 for p in $policies; do
   spec=$p; [ "$p" = full ] || spec="$p:$b_item"
   echo "running $spec" >&2
-  "$kvslim" bench -m "$model" -p "$n_prompt" -n "$n_gen" -t "$threads" --kv-type f32 --kv "$spec" \
+  "$kvslim" bench -m "$model" -p "$n_prompt" -n "$n_gen" -t "$threads" --kv "$spec" \
     --kv-type "$kv_type" --json "$out/$p.json" >/dev/null
   python3 - "$out/$p.json" "$spec" "${full_decode:-0}" <<'PY'
 import json, sys

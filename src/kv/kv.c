@@ -519,22 +519,11 @@ void kvs_kv_end_batch(kvs_kv *kv, int n)
     update_peak(kv);
 }
 
-typedef struct pos_slot {
-    int32_t pos;
-    int slot;
-} pos_slot;
-
-static int by_pos(const void *a, const void *b)
-{
-    const pos_slot *x = a, *y = b;
-    return (x->pos > y->pos) - (x->pos < y->pos);
-}
-
 /* New positions of one head's slots (see kvs_kv_shift): a monotone map, taken in position
  * order: along the slots, or along order[] (slot indices by position) for a head out of
  * order. */
 static void shifted_positions(const int32_t *pos, int n, int32_t keep, int32_t delta,
-                              const pos_slot *order, int32_t *out)
+                              const kvs_pos_slot *order, int32_t *out)
 {
     int32_t prev = keep - 1;
     for (int r = 0; r < n; r++) {
@@ -578,7 +567,7 @@ kvs_status kvs_kv_shift(kvs_kv *kv, int32_t next, const kvs_rope_cfg *rope, int3
     const int32_t d = next - (int32_t)target;
     int32_t *buf = malloc(sizeof(int32_t) * ((size_t)nkv * most + (size_t)most + 1));
     const int32_t **old = malloc(sizeof *old * (size_t)nkv);
-    pos_slot *order = malloc(sizeof *order * (size_t)(most + 1));
+    kvs_pos_slot *order = malloc(sizeof *order * (size_t)(most + 1));
     if (!buf || !old || !order) {
         free(buf);
         free(old);
@@ -597,9 +586,9 @@ kvs_status kvs_kv_shift(kvs_kv *kv, int32_t next, const kvs_rope_cfg *rope, int3
             old[h] = o;
             const int ordered = kvs_store_ordered(kv->store, l, h);
             for (int i = 0; i < n && !ordered; i++)
-                order[i] = (pos_slot){o[i], i};
+                order[i] = (kvs_pos_slot){o[i], i};
             if (!ordered)
-                qsort(order, (size_t)n, sizeof *order, by_pos);
+                kvs_pos_slot_sort(order, n);
             shifted_positions(o, n, keep, d, ordered ? NULL : order, new_pos);
             st = kvs_store_shift(kv->store, l, h, new_pos, rope, err);
         }

@@ -900,31 +900,37 @@ int kvs_store_ordered(const kvs_store *s, int layer, int head)
 /* The largest magnitude an F16 element holds. */
 #define F16_MAX 65504.0f
 
-typedef struct pos_slot {
-    int32_t pos;
-    int slot;
-} pos_slot;
-
 static int by_pos(const void *a, const void *b)
 {
-    const pos_slot *x = a, *y = b;
+    const kvs_pos_slot *x = a, *y = b;
     return (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+void kvs_pos_slot_sort(kvs_pos_slot *v, int n)
+{
+    if (n > 1)
+        qsort(v, (size_t)n, sizeof *v, by_pos);
+}
+
+const kvs_pos_slot *kvs_pos_slot_find(const kvs_pos_slot *v, int n, int32_t pos)
+{
+    const kvs_pos_slot key = {pos, 0};
+    return n > 0 ? bsearch(&key, v, (size_t)n, sizeof *v, by_pos) : NULL;
 }
 
 /* A shift must keep the slots' order by position: new positions >= 0, increasing along the old
  * ones (along the slots, for a head in order). */
-static kvs_status check_shift(const kvs_store *s, const store_head *H, int layer, int head,
-                              const int32_t *new_pos, kvs_error *err)
+static kvs_status check_shift(const store_head *H, int layer, int head, const int32_t *new_pos,
+                              kvs_error *err)
 {
-    (void)s;
     const int32_t *old = H->pos + H->start;
-    pos_slot *by = NULL;
+    kvs_pos_slot *by = NULL;
     if (H->unordered) {
         if (!(by = malloc(sizeof *by * (size_t)H->count)))
             return kvs_fail(err, KVS_ERR_NOMEM, "out of memory checking a KV shift");
         for (int i = 0; i < H->count; i++)
-            by[i] = (pos_slot){old[i], i};
-        qsort(by, (size_t)H->count, sizeof *by, by_pos);
+            by[i] = (kvs_pos_slot){old[i], i};
+        kvs_pos_slot_sort(by, H->count);
     }
     for (int r = 0; r < H->count; r++) {
         const int i = by ? by[r].slot : r, prev = r == 0 ? -1 : by ? by[r - 1].slot : r - 1;
@@ -947,7 +953,7 @@ kvs_status kvs_store_shift(kvs_store *s, int layer, int head, const int32_t *new
     if (s->kivi.k_bits)
         return kvs_fail(err, KVS_ERR_UNSUPPORTED, "position shifting cannot re-rotate KIVI "
                         "quantised keys (--kv-type kivi...): use --kv-type f16 or f32 with it");
-    kvs_status vst = check_shift(s, H, layer, head, new_pos, err);
+    kvs_status vst = check_shift(H, layer, head, new_pos, err);
     if (vst != KVS_OK)
         return vst;
     float row[hd];
@@ -985,10 +991,9 @@ kvs_status kvs_store_shift(kvs_store *s, int layer, int head, const int32_t *new
         }
         H->pos[slot] = new_pos[i];
     }
-    if (H->count > 0) /* the order is kept: the newest slot is the same one */
-        for (int i = 0; i < H->count; i++)
-            if (i == 0 || H->pos[H->start + i] > H->newest)
-                H->newest = H->pos[H->start + i];
+    for (int i = 0; i < H->count; i++) /* the largest new position */
+        if (i == 0 || H->pos[H->start + i] > H->newest)
+            H->newest = H->pos[H->start + i];
     check_head(s, H);
     return KVS_OK;
 }

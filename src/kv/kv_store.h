@@ -80,6 +80,16 @@ void kvs_store_remove_unordered(kvs_store *s, int layer, int head, int slot);
  * moved a row out of it (a later keep or remove finds out whether it is back in order). */
 int kvs_store_ordered(const kvs_store *s, int layer, int head);
 
+/* A slot index and a position: what orders or finds the slots of a head out of order. */
+typedef struct kvs_pos_slot {
+    int32_t pos;
+    int slot;
+} kvs_pos_slot;
+/* Sorts v[0..n) by position (positions distinct). */
+void kvs_pos_slot_sort(kvs_pos_slot *v, int n);
+/* The entry of position pos in v[0..n) sorted by kvs_pos_slot_sort, or NULL. */
+const kvs_pos_slot *kvs_pos_slot_find(const kvs_pos_slot *v, int n, int32_t pos);
+
 /* Position shifting: moves the count slots of one head to new_pos (count positions >= 0, in
  * the order of the old ones: increasing along the slots of a head in order) and re-rotates each key from its old position to its new one (F16 keys are
  * dequantised, rotated and rounded back). Values and metadata stay. Fails, leaving the head

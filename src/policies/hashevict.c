@@ -607,17 +607,6 @@ kvs_status kvs_he_before_append(kvs_policy *p, int layer, const float *q, const 
     return KVS_OK;
 }
 
-typedef struct pos_index {
-    int32_t pos;
-    int index;
-} pos_index;
-
-static int by_pos(const void *a, const void *b)
-{
-    const pos_index *x = a, *y = b;
-    return (x->pos > y->pos) - (x->pos < y->pos);
-}
-
 /* Position shifting moved the store's slots and re-rotated their keys: the table follows (each
  * physical slot keeps its token, with the token's new position) and codes are taken again from
  * the keys as now stored, since queries at the new positions are compared with them (l2evict's
@@ -632,7 +621,7 @@ kvs_status kvs_he_shift(kvs_policy *p, int layer, const kvs_shift_info *sh, kvs_
                                                            : most;
     /* The store's rows by old position (the store is in an order of its own), to find each
      * table slot's row in O(log n). */
-    pos_index *by = malloc(sizeof *by * (size_t)most);
+    kvs_pos_slot *by = malloc(sizeof *by * (size_t)most);
     if (!by)
         return kvs_fail(err, KVS_ERR_NOMEM, "--kv %s: out of memory for position shifting",
                         p->spec.text);
@@ -642,18 +631,17 @@ kvs_status kvs_he_shift(kvs_policy *p, int layer, const kvs_shift_info *sh, kvs_
         int32_t *tp = table_pos(st, layer, h);
         const int filled = st->n_filled[head_index(st, layer, h)];
         for (int i = 0; i < n; i++)
-            by[i] = (pos_index){sh->old_pos[h][i], i};
-        qsort(by, (size_t)n, sizeof *by, by_pos);
+            by[i] = (kvs_pos_slot){sh->old_pos[h][i], i};
+        kvs_pos_slot_sort(by, n);
         for (int j = 0; j < filled; j++) {
-            const pos_index want = {tp[j], 0};
-            const pos_index *at = bsearch(&want, by, (size_t)n, sizeof *by, by_pos);
+            const kvs_pos_slot *at = kvs_pos_slot_find(by, n, tp[j]);
             if (!at) {
                 free(by);
                 return kvs_fail(err, KVS_ERR_ARG, "--kv %s: layer %d head %d: position %d of "
                                 "slot %d is not in the store", p->spec.text, layer, h, tp[j], j);
             }
-            kvs_store_key_f32(p->store, layer, h, at->index, key);
-            put(st, layer, h, j, now[at->index], key);
+            kvs_store_key_f32(p->store, layer, h, at->slot, key);
+            put(st, layer, h, j, now[at->slot], key);
         }
     }
     free(by);
