@@ -68,7 +68,8 @@ int kvs_he_victim_norm(const float *norm, const int32_t *pos, int n, int32_t t, 
 
 /* The physical slot table of one (layer, KV head): the spec's pos[C] and code[C][nw], where a
  * new token takes the next free slot, else the victim's slot (in-place overwrite). The store
- * keeps the same tokens sorted by position; slot s of the table holds position pos[s]. */
+ * holds the same tokens in an order of its own (kvs_store_remove_unordered); slot s of the
+ * table holds position pos[s]. */
 typedef struct kvs_he_view {
     int cap, n_filled;     /* C, and slots in use */
     int bits, nw;          /* hashevict; 0 for l2evict */
