@@ -7,7 +7,7 @@
 
 #include "kv/kv_store.h"
 
-static int check_store_cmp_i32(const void *a, const void *b)
+static inline int check_store_cmp_i32(const void *a, const void *b)
 {
     const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
     return (x > y) - (x < y);

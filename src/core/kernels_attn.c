@@ -64,7 +64,7 @@ KVS_INLINE void weighted_rows_nv(int NV, float *out, const float *p, const uint1
             KVS_PREFETCH_AHEAD(r, 2 * hd - 1);
         const __m512 w = _mm512_set1_ps(p[j]);
         KVS_UNROLL
-    for (int c = 0; c < NV; c++)
+        for (int c = 0; c < NV; c++)
             o[c] = _mm512_fmadd_ps(w, f16x16(r + 16 * c), o[c]);
     }
     KVS_UNROLL

@@ -1063,7 +1063,7 @@ kvs_status kvs_matmul_ex(kvs_pool *pool, float *y, const float *x, const void *w
      * for gemv. Rows instead when there are too few columns to go around and plenty of rows. */
     c.unit = path == PATH_TILE ? 16 : 4;
     const int col_units = (n_out + c.unit - 1) / c.unit;
-    c.by_rows = !(col_units >= 2 * nth || n_rows < 2 * nth);
+    c.by_rows = kvs_split_by_rows(col_units, n_rows, nth);
     kvs_split_init(&c.split, col_units, nth,
                    kvs_split_grain(col_units, nth, path == PATH_GEMV ? c.unit * c.row_bytes : 0));
     mm_task t = {&c, path};

@@ -338,7 +338,7 @@ kvs_status kvs_matmul_deq(kvs_pool *pool, float *y, const float *x, const void *
             return KVS_ERR_NOMEM;
     }
     const int col_units = (n_out + c.unit - 1) / c.unit;
-    c.by_rows = !(col_units >= 2 * nth || n_rows < 2 * nth);
+    c.by_rows = kvs_split_by_rows(col_units, n_rows, nth);
     kvs_split_init(&c.split, col_units, nth, kvs_split_grain(col_units, nth, 0));
     if (pool)
         kvs_pool_run(pool, dq_task, &c);

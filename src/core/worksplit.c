@@ -20,6 +20,11 @@ int kvs_split_grain(int units, int nth, size_t unit_bytes)
     return g > 0 ? (g < (size_t)units ? (int)g : units) : 1;
 }
 
+int kvs_split_by_rows(int col_units, int n_rows, int nth)
+{
+    return col_units < 2 * nth && n_rows >= 2 * nth;
+}
+
 /* Takes up to grain units from the front (own = 1) or the back of share i. */
 static int claim(kvs_split *s, int i, int own, int *u0, int *u1)
 {

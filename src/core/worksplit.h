@@ -31,6 +31,9 @@ void kvs_split_init(kvs_split *s, int units, int nth, int grain);
  * or dequantised tiles, each grain prepared once and swept by every x row) a quarter of a
  * thread's share. */
 int kvs_split_grain(int units, int nth, size_t unit_bytes);
+/* Whether a product shares its x rows among the threads (statically) instead of its columns:
+ * fewer than 2 column units per thread, and at least 2 rows per thread. */
+int kvs_split_by_rows(int col_units, int n_rows, int nth);
 /* Claims the next units [*u0, *u1) for thread ith; 0 when nothing is left anywhere. */
 int kvs_split_next(kvs_split *s, int ith, int *u0, int *u1);
 

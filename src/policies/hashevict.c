@@ -495,11 +495,11 @@ static const float *as_stored(const kvs_policy *p, he_state *st, const float *k,
     return out;
 }
 
-/* Index of pos in the positions old[0..n) (a store head's, in any order), or -1. */
-static int find_pos(const int32_t *old, int n, int32_t pos)
+/* Index of pos in the positions held[0..n) (a store head's, in any order), or -1. */
+static int find_pos(const int32_t *held, int n, int32_t pos)
 {
     for (int i = 0; i < n; i++)
-        if (old[i] == pos)
+        if (held[i] == pos)
             return i;
     return -1;
 }
@@ -616,9 +616,10 @@ kvs_status kvs_he_shift(kvs_policy *p, int layer, const kvs_shift_info *sh, kvs_
     he_state *st = p->state;
     float *key = st->kbuf; /* one row of scratch */
     int most = 1;
-    for (int h = 0; h < st->nkv; h++)
-        most = kvs_store_count(p->store, layer, h) > most ? kvs_store_count(p->store, layer, h)
-                                                           : most;
+    for (int h = 0; h < st->nkv; h++) {
+        const int n = kvs_store_count(p->store, layer, h);
+        most = n > most ? n : most;
+    }
     /* The store's rows by old position (the store is in an order of its own), to find each
      * table slot's row in O(log n). */
     kvs_pos_slot *by = malloc(sizeof *by * (size_t)most);
