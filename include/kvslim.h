@@ -166,7 +166,8 @@ kvs_session_params kvs_session_default_params(void);
 kvs_status kvs_session_new(const kvs_model *m, const kvs_session_params *p, kvs_session **out,
                            kvs_error *err);
 void kvs_session_free(kvs_session *s);
-/* Forgets every token (keeps allocations). */
+/* Forgets every token. Keeps the KV cache's memory, which the next prompt writes into instead of
+ * allocating it again (a failed kvs_session_eval releases it). */
 void kvs_session_reset(kvs_session *s);
 /* Feeds n tokens at the next positions. The first call after creation or reset is the prompt:
  * it is processed in batches of the chunk size (smaller where the KV policy asks, e.g. HashEvict's

@@ -302,6 +302,17 @@ void fx_exec(fx_run *r, const kvs_model *model, const int32_t *tokens)
         return;
     }
     kvs_kv *kv = kvs_session_kv(s);
+    if (r->rerun) { /* the prompt one token on, then decode to the end of the sample */
+        r->st = kvs_session_eval(s, tokens + 1, FX_PROMPT, NULL, 0, &err);
+        for (int t = FX_PROMPT + 1; t < FX_N_TOK && r->st == KVS_OK; t++)
+            r->st = kvs_session_eval(s, tokens + t, 1, NULL, 0, &err);
+        if (r->st != KVS_OK) {
+            snprintf(r->err, sizeof r->err, "first conversation: %.400s", err.msg);
+            kvs_session_free(s);
+            return;
+        }
+        kvs_session_reset(s);
+    }
     kvs_kv_set_observer(kv, observer, r->o);
     const int V = info.n_vocab, rows = 1 + r->decode;
     r->logits = calloc((size_t)rows * V, sizeof(float));

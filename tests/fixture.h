@@ -61,6 +61,8 @@ typedef struct fx_run {
     int chunk;        /* 0: the session's default */
     const char *kv_type;
     int decode;       /* tokens decoded after the prompt (at most FX_N_TOK - FX_PROMPT) */
+    int rerun;        /* 1: a first, unobserved conversation of other tokens, longer, then
+                         kvs_session_reset, then the run */
     fx_extra extra;
     /* results */
     kvs_status st;

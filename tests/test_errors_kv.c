@@ -356,14 +356,14 @@ static void minicache_order(void)
                                "prompt's 8");
 
     /* Layer 2 half the prompt, layer 3 all of it: the pair's lengths differ at the merge. */
-    kvs_kv_reset(kv);
+    kvs_kv_reset(kv, 0);
     CHECK(kvs_kv_begin_prompt(kv, 8, &err) == KVS_OK);
     CHECKF(kvs_kv_layer(kv, pool, 2, 4, q, k, v, pos, out, &err) == KVS_OK, "%s", err.msg);
     st = kvs_kv_layer(kv, pool, 3, 8, q, k, v, pos, out, &err);
     CHECK_ERR(st, KVS_ERR_ARG, "minicache: pair (2, 3) saw 4 and 8 prompt tokens");
 
     /* A decode step that runs layer 3 before layer 2. */
-    kvs_kv_reset(kv);
+    kvs_kv_reset(kv, 1);
     int next = 0;
     CHECKF(feed(kv, pool, ML, 8, 1, &next, &err) == KVS_OK, "%s", err.msg);
     st = kvs_kv_layer(kv, pool, 0, 1, q, k, v, pos + next, out, &err);

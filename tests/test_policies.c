@@ -433,6 +433,53 @@ static void kivi_storage(void)
     fx_run_free(&full);
 }
 
+/* A fresh session and one reset after a first conversation (kvs_session_reset keeps the KV
+ * memory, which the next conversation writes into): the same logits, kept slots and KV bytes,
+ * bit for bit. fresh: the fresh run, or NULL to make one. */
+static void same_after_reset(const char *spec, const char *kv_type, int threads, const fx_run *fresh)
+{
+    fx_run a = {.spec = spec, .kv_type = kv_type, .threads = threads, .decode = D_SWEEP}, b = a;
+    b.rerun = 1;
+    if (!fresh) {
+        do_run(&a);
+        check_run(&a);
+        fresh = &a;
+    }
+    do_run(&b);
+    check_run(&b);
+    const double d = max_diff(&b, fresh);
+    CHECKF(d == 0.0 && fx_same_kept(&b, fresh, &info) && b.peak_bytes == fresh->peak_bytes &&
+               b.end_bytes == fresh->end_bytes,
+           "%s on %s KV after a reset: logits differ by %g, %s slots kept, peak / end bytes %zu / "
+           "%zu (fresh %zu / %zu)", spec, kv_type ? kv_type : "f32", d,
+           fx_same_kept(&b, fresh, &info) ? "the same" : "other", b.peak_bytes, b.end_bytes,
+           fresh->peak_bytes, fresh->end_bytes);
+    fx_run_free(&a);
+    fx_run_free(&b);
+}
+
+/* Every policy, the full cache and the merging kind, after a first conversation of other
+ * tokens, longer, and a reset: as a fresh session, on F32, F16 and KIVI storage. */
+static void reset_reuses_memory(const fx_run *full, const fx_run *quarter)
+{
+    const char *kivi = "kivi:kbits=2,vbits=4,group=32,residual=64";
+    same_after_reset("full", NULL, 1, full);
+    same_after_reset("full", "f16", 1, NULL);
+    same_after_reset("full", kivi, 1, NULL);
+    for (int i = 0; i < n_policies; i++) {
+        char spec[96];
+        snprintf(spec, sizeof spec, "%s:budget=0.25", policies[i]->name);
+        same_after_reset(spec, NULL, 2, &quarter[i]);
+        same_after_reset(spec, "f16", 1, NULL);
+        if (policies[i]->kind != KVS_KIND_OFFLOADING) /* its tiers hold F16/F32 rows */
+            same_after_reset(spec, kivi, 1, NULL);
+    }
+    for (int i = 0; i < n_merging; i++) {
+        same_after_reset(merging[i]->name, "f16", 1, NULL);
+        same_after_reset(merging[i]->name, "kivi4", 1, NULL);
+    }
+}
+
 /* The merging kind (no budget): the generic invariants with its defaults, F16 and KIVI-4
  * storage; 1 and 2 threads bit-identical; a chunked prefill as one chunk (it merges once at the
  * prompt's end); a budget refused. */
@@ -536,6 +583,7 @@ int main(void)
     f16_storage(&full);
     kivi_storage();
     merging_kind();
+    reset_reuses_memory(&full, quarter);
 
     for (int i = 0; i < n_policies; i++)
         fx_run_free(&quarter[i]);

@@ -85,6 +85,65 @@ static void kivi_growth_amortised(void)
     kvs_store_free(t);
 }
 
+/* Fills heads (layer 0) with n tokens of content seeded by seed, from position 0, removing
+ * every 7th slot of head 1 as it goes (unordered) so that emptying meets a disordered head. */
+static void fill(kvs_store *s, int n, int seed, kvs_error *err)
+{
+    const int hd = kvs_store_cfg(s)->head_dim;
+    float kv[2 * 2 * 64];
+    for (int32_t p = 0; p < n; p++) {
+        for (int i = 0; i < 2 * 2 * hd; i++)
+            kv[i] = (float)((p * 7 + i * 13 + seed) % 29) / 7.0f - 2.0f;
+        CHECK(kvs_store_append(s, 0, 1, kv, kv + 2 * hd, &p, err) == KVS_OK);
+        if (p % 7 == 6 && !kvs_store_kivi(s))
+            kvs_store_remove_unordered(s, 0, 1, 2);
+    }
+}
+
+/* Emptying drops every slot and keeps the memory; what is stored next reads back exactly as
+ * in a fresh store (F16 rows, and a KIVI store's codes, groups and residual). */
+static void empty_keeps_memory(void)
+{
+    for (int kivi = 0; kivi < 2; kivi++) {
+        kvs_store_config cfg = {1, 2, 64, 4096, KVS_F16, 1};
+        kvs_store *s = kvs_store_new(&cfg), *f = kvs_store_new(&cfg);
+        kvs_kivi_cfg k = {4, 2, 32, 64};
+        kvs_error err = {0};
+        CHECK(s && f);
+        if (kivi)
+            CHECK(kvs_store_set_kivi(s, &k, &err) == KVS_OK && kvs_store_set_kivi(f, &k, &err) == KVS_OK);
+        fill(s, 500, 1, &err);
+        const size_t alloc = kvs_store_alloc_bytes(s);
+        kvs_store_empty(s);
+        CHECKF(kvs_store_count(s, 0, 0) == 0 && kvs_store_count(s, 0, 1) == 0 &&
+                   kvs_store_bytes(s) == 0 && kvs_store_alloc_bytes(s) == alloc,
+               "kivi %d: %d and %d slots, %zu bytes held, %zu allocated (was %zu)", kivi,
+               kvs_store_count(s, 0, 0), kvs_store_count(s, 0, 1), kvs_store_bytes(s),
+               kvs_store_alloc_bytes(s), alloc);
+        fill(s, 300, 2, &err);
+        fill(f, 300, 2, &err);
+        CHECK(kvs_store_alloc_bytes(s) == alloc); /* 300 < 500 slots: no growth */
+        CHECK(kvs_store_bytes(s) == kvs_store_bytes(f));
+        int same = 1;
+        for (int h = 0; h < 2; h++) {
+            const int n = kvs_store_count(f, 0, h);
+            same &= kvs_store_count(s, 0, h) == n &&
+                    memcmp(kvs_store_pos(s, 0, h), kvs_store_pos(f, 0, h), sizeof(int32_t) * (size_t)n) == 0 &&
+                    kvs_store_ordered(s, 0, h) == kvs_store_ordered(f, 0, h);
+            for (int i = 0; i < n; i++) {
+                float a[64], b[64], c[64], d[64];
+                kvs_store_key_f32(s, 0, h, i, a);
+                kvs_store_key_f32(f, 0, h, i, b);
+                kvs_store_value_f32(s, 0, h, i, c);
+                kvs_store_value_f32(f, 0, h, i, d);
+                same &= memcmp(a, b, sizeof a) == 0 && memcmp(c, d, sizeof c) == 0;
+            }
+        }
+        CHECKF(same, "kivi %d: the store emptied and refilled differs from a fresh one", kivi);
+        kvs_store_free(s);
+        kvs_store_free(f);
+    }
+}
 
 /* Positions of head 0 equal want[0..n). */
 static int positions_are(const kvs_store *s, const int32_t *want, int n)
@@ -250,5 +309,6 @@ int main(void)
     remove_unordered();
     attention_out_of_order();
     kivi_growth_amortised();
+    empty_keeps_memory();
     return check_summary("test_store");
 }

@@ -293,14 +293,19 @@ void kvs_session_free(kvs_session *s)
     free(s);
 }
 
-void kvs_session_reset(kvs_session *s)
+/* Forgets every token; release: also gives the KV cache's memory back. */
+static void start_over(kvs_session *s, int release)
 {
-    if (!s)
-        return;
-    kvs_kv_reset(s->kv);
+    kvs_kv_reset(s->kv, release);
     s->n_past = 0;
     s->shifted = 0;
     s->past_trained = 0;
+}
+
+void kvs_session_reset(kvs_session *s)
+{
+    if (s)
+        start_over(s, 0);
 }
 
 int kvs_session_ctx_left(const kvs_session *s)
@@ -362,7 +367,7 @@ static void budget_notice(const kvs_session *s, int n_prompt)
  * (kvs_session_eval's contract); the error says why. */
 static kvs_status fail_midway(kvs_session *s, kvs_status st)
 {
-    kvs_session_reset(s);
+    start_over(s, 1); /* and the memory back: the failure may have been its lack */
     return st;
 }
 

@@ -128,13 +128,14 @@ void kvs_kv_free(kvs_kv *kv)
     free(kv);
 }
 
-void kvs_kv_reset(kvs_kv *kv)
+void kvs_kv_reset(kvs_kv *kv, int release)
 {
     stop_policy(kv);
-    kvs_store_clear(kv->store);
+    void (*drop)(kvs_store *) = release ? kvs_store_clear : kvs_store_empty;
+    drop(kv->store);
     kvs_store_kivi_hold(kv->store, 0);
     if (kv->shadow)
-        kvs_store_clear(kv->shadow);
+        drop(kv->shadow);
     kv->prompt_left = 0;
     kv->peak = 0;
     kv->decode_seconds = 0;

@@ -154,6 +154,21 @@ void kvs_store_clear(kvs_store *s)
     }
 }
 
+static void kivi_empty(kivi_head *k);
+
+void kvs_store_empty(kvs_store *s)
+{
+    size_t n = (size_t)s->cfg.n_layers * s->cfg.n_kv_heads;
+    for (size_t i = 0; i < n; i++) {
+        store_head *h = &s->heads[i];
+        h->start = h->count = 0;
+        h->newest = 0;
+        h->unordered = 0;
+        kivi_empty(&h->kq);
+        check_head(s, h);
+    }
+}
+
 const kvs_store_config *kvs_store_cfg(const kvs_store *s) { return &s->cfg; }
 int kvs_store_count(const kvs_store *s, int layer, int head) { return head_at(s, layer, head)->count; }
 
@@ -283,6 +298,14 @@ static void kivi_release(kivi_head *k)
     kb_free(&k->vc);
     kb_free(&k->vr);
     memset(k, 0, sizeof *k);
+}
+
+static void kivi_empty(kivi_head *k)
+{
+    kbuf *const b[] = {&k->kc, &k->gsm, &k->gfirst, &k->kr, &k->vc, &k->vr};
+    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
+        b[i]->off = b[i]->len = 0;
+    k->nqk = k->nqv = k->ng = 0;
 }
 
 static const int *kivi_first(const kivi_head *k) { return (const int *)(const void *)kb_data(&k->gfirst); }

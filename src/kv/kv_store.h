@@ -36,6 +36,10 @@ kvs_store *kvs_store_new(const kvs_store_config *cfg);
 void kvs_store_free(kvs_store *s);
 /* Drops every slot and releases the memory. */
 void kvs_store_clear(kvs_store *s);
+/* Drops every slot but keeps each head's arrays for the tokens that come next, so that a
+ * session started over (kvs_session_reset) writes into memory it already has instead of
+ * allocating, copying and page-faulting it again as it grows. */
+void kvs_store_empty(kvs_store *s);
 const kvs_store_config *kvs_store_cfg(const kvs_store *s);
 
 int kvs_store_count(const kvs_store *s, int layer, int head);
