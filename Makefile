@@ -40,14 +40,15 @@ asan: deps
 	  -E '^($(subst $(space),|,$(strip $(ASAN_SKIP))))$$'
 
 # Under ThreadSanitizer (-O1, a Debug build: KVS_ASSERT on) the tests whose code runs threads of
-# its own: the thread pool; the parallel kernels with pools of 2 and 3 threads (kvs_matmul's
-# float and 8-bit paths, the integer K-quant kernels, the dequantising matmul, attention, KIVI,
-# the forward pass); PQCache's clustering and cache worker and its slow tier; and the server's
-# concurrent sessions (tests/cli/serve_concurrent.sh: 4 requests on 2 sequences of 2 threads).
+# its own: the thread pool; the products' work split; the parallel kernels with pools of 2 and 3
+# threads (kvs_matmul's float and 8-bit paths, the integer K-quant kernels, the dequantising
+# matmul, attention, KIVI, the forward pass); PQCache's clustering and cache worker and its slow
+# tier; and the server's concurrent sessions (tests/cli/serve_concurrent.sh: 4 requests on 2
+# sequences of 2 threads).
 # The unit tests check fewer shapes there (KVS_UNDER_TSAN, tests/check.h). halt_on_error: the
 # first report ends the program with a non-zero status, which fails its test.
-TSAN_UNIT = test_threadpool test_kernels test_matmul_kq test_quant_types test_kv test_kivi \
-  test_model test_pqcache test_pq_tier
+TSAN_UNIT = test_threadpool test_worksplit test_kernels test_matmul_kq test_quant_types test_kv \
+  test_kivi test_model test_pqcache test_pq_tier
 TSAN_CLI = serve_concurrent
 TSAN_REGEX = ^($(subst $(space),|,$(strip $(TSAN_UNIT) $(addprefix cli_,$(TSAN_CLI)))))$$
 empty :=

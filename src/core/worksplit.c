@@ -15,6 +15,8 @@ void kvs_split_init(kvs_split *s, int units, int nth, int grain)
 
 int kvs_split_grain(int units, int nth, size_t unit_bytes)
 {
+    if (nth <= 1) /* nobody to balance with: one claim, not one atomic exchange per grain */
+        return units > 0 ? units : 1;
     const size_t g = unit_bytes ? ((size_t)32 << 10) / unit_bytes
                                 : (size_t)units / (4 * (size_t)(nth > 0 ? nth : 1));
     return g > 0 ? (g < (size_t)units ? (int)g : units) : 1;

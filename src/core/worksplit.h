@@ -29,7 +29,7 @@ void kvs_split_init(kvs_split *s, int units, int nth, int grain);
 /* The grain of the matrix products: about 32 KiB of weights when the product streams them
  * (decode: unit_bytes, the weight bytes of one unit of columns, > 0); else (unit_bytes 0: packed
  * or dequantised tiles, each grain prepared once and swept by every x row) a quarter of a
- * thread's share. */
+ * thread's share. One thread takes every unit at once. */
 int kvs_split_grain(int units, int nth, size_t unit_bytes);
 /* Whether a product shares its x rows among the threads (statically) instead of its columns:
  * fewer than 2 column units per thread, and at least 2 rows per thread. */
