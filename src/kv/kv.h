@@ -27,8 +27,8 @@ typedef struct kvs_kv_config {
 kvs_status kvs_kv_new(const kvs_kv_config *cfg, const kvs_policy_spec *spec, kvs_kv **out,
                       kvs_error *err);
 void kvs_kv_free(kvs_kv *kv);
-/* Forgets every token; release 0 keeps the store's memory for the next tokens, 1 gives it back
- * (after a failure, or to shrink an idle session). */
+/* Forgets every token; release 0 keeps the store's memory for the next tokens (a session
+ * reset), 1 gives it back (a session's failed batch). */
 void kvs_kv_reset(kvs_kv *kv, int release);
 
 /* A prompt of n_prompt tokens begins (resolves the budget, starts the policy). */
