@@ -28,11 +28,12 @@
 # Roofline (decode rows): bandwidth = the max of membw's GB/s over the rounds of the row's own
 # type and thread count, measured in the same minutes as the row (the machine's bandwidth moves
 # by tens of percent over a run); the share of the run's highest bandwidth for that thread
-# count is printed too (the strict roofline, in its own column). Bytes per token = the bytes of every weight tensor but the token embedding (summed
-# from the GGUF's tensor table; the embedding counts too when there is no output.weight) + the
-# KV bytes read per token: layers * (D + N/2) * 2 * kv_dim * bytes per element (F16 2, q8_0
-# 34/32) for full caches, kvslim's reported kv_bytes for its compressed caches. roofline tok/s
-# = bandwidth / bytes per token; each engine's share = measured / roofline.
+# count is printed too (the strict roofline, in its own column). Bytes per token = the bytes
+# of every weight tensor but the token embedding (summed from the GGUF's tensor table; the
+# embedding counts too when there is no output.weight) + the KV bytes read per token: layers *
+# (D + N/2) * 2 * kv_dim * bytes per element (F16 2, q8_0 34/32) for full caches, kvslim's
+# reported kv_bytes for its compressed caches. roofline tok/s = bandwidth / bytes per token;
+# each engine's share = measured / roofline.
 #
 # The peer: LLAMA_BENCH=path/to/llama-bench, or PEER_DIR/build/bin/llama-bench (PEER_DIR
 # default: ../peer-llamacpp beside the repository), built when missing from LLAMACPP_GIT (the
@@ -437,10 +438,10 @@ for r in results:
     if exact:
         cols.append(fmt(r['kvslim_tok_s'].get('exact')))
     ratio = r['kvslim_vs_llama_best'].get('full')
-    pct = lambda x: fmt(x, '.0f') + ('%' if x is not None else '')
+    pct_txt = lambda x: fmt(x, '.0f') + ('%' if x is not None else '')
     cols += [fmt(ratio, '.2f') + ('x' if ratio is not None else ''), fmt(r.get('bandwidth_gbps')), fmt(roof),
-             pct(r.get('kvslim_pct_roofline', {}).get('full')),
-             pct(r.get('kvslim_pct_run_max_roofline', {}).get('full')), pct(r.get('llama_best_pct_roofline'))]
+             pct_txt(r.get('kvslim_pct_roofline', {}).get('full')),
+             pct_txt(r.get('kvslim_pct_run_max_roofline', {}).get('full')), pct_txt(r.get('llama_best_pct_roofline'))]
     print('| ' + ' | '.join(cols) + ' |')
 
 deep = [r for r in results if '@' in r['row']]

@@ -156,16 +156,20 @@ void kvs_store_clear(kvs_store *s)
 
 static void kivi_empty(kivi_head *k);
 
+/* No live slots, the arrays kept (newest means nothing without slots). */
+static void head_empty(store_head *h)
+{
+    h->start = h->count = 0;
+    h->unordered = 0;
+}
+
 void kvs_store_empty(kvs_store *s)
 {
     size_t n = (size_t)s->cfg.n_layers * s->cfg.n_kv_heads;
     for (size_t i = 0; i < n; i++) {
-        store_head *h = &s->heads[i];
-        h->start = h->count = 0;
-        h->newest = 0;
-        h->unordered = 0;
-        kivi_empty(&h->kq);
-        check_head(s, h);
+        head_empty(&s->heads[i]);
+        kivi_empty(&s->heads[i].kq);
+        check_head(s, &s->heads[i]);
     }
 }
 
@@ -833,10 +837,7 @@ kvs_status kvs_store_append_raw(kvs_store *s, int layer, int head, int n, const 
 
 void kvs_store_reset_head(kvs_store *s, int layer, int head)
 {
-    store_head *H = head_at(s, layer, head);
-    H->start = 0;
-    H->count = 0;
-    H->unordered = 0;
+    head_empty(head_at(s, layer, head));
     KVS_ASSERT(!s->kivi.k_bits); /* a KIVI head also keeps codes and groups */
 }
 
