@@ -658,6 +658,35 @@ static void test_vector_ops(void)
     CHECK(fabsf(sa[0]) < 1e-40f + 4e-42f && sa[1] == 100.0f && sa[2] == 0.0f);
 }
 
+/* kvs_abs_below against the plain scan, with one number at fault at every place of rows
+ * around the vector width: NaN, infinities, the limit itself, and just under it. */
+static void test_abs_below(void)
+{
+    const size_t ns[] = {0, 1, 15, 16, 17, 33, 100};
+    const float lim = 65520.0f;
+    const float odd[] = {NAN, INFINITY, -INFINITY, lim, -lim, nextafterf(lim, 0.0f), -1e30f};
+    float x[100];
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++) {
+        const size_t n = ns[a];
+        for (size_t i = 0; i < n; i++)
+            x[i] = (rnd_unit() - 0.5f) * 1000.0f;
+        int ok = kvs_abs_below(x, n, lim) == 1 && kvs_abs_below(x, n, INFINITY) == 1;
+        for (size_t o = 0; o < sizeof odd / sizeof odd[0]; o++)
+            for (size_t at = 0; at < n; at++) {
+                const float keep = x[at];
+                x[at] = odd[o];
+                int want = 1, want_inf = 1;
+                for (size_t i = 0; i < n; i++) {
+                    want &= fabsf(x[i]) < lim;
+                    want_inf &= fabsf(x[i]) < INFINITY;
+                }
+                ok &= kvs_abs_below(x, n, lim) == want && kvs_abs_below(x, n, INFINITY) == want_inf;
+                x[at] = keep;
+            }
+        CHECKF(ok, "abs_below n=%zu", n);
+    }
+}
+
 static void test_rope(void)
 {
     const int head_dim = 64, n_heads = 3;
@@ -703,6 +732,22 @@ static void test_rope(void)
         ok &= fabsf(v[i] - (v0 * fcr - v1 * fci)) <= 1e-6f && fabsf(v[i + 1] - (v0 * fci + v1 * fcr)) <= 1e-6f;
     }
     CHECK(ok);
+    /* In two steps (the forward pass's angles once per position): the same bits as kvs_rope,
+     * also past kvs_rope's chunk of 128 pairs (rot_dim 384) and with a partial rotation. */
+    enum { WIDE = 384 };
+    float a[2 * WIDE], b[2 * WIDE], cs[WIDE / 2], sn[WIDE / 2];
+    const int rots[] = {WIDE, 256, 64, 2};
+    for (size_t r = 0; r < sizeof rots / sizeof rots[0]; r++)
+        for (int neox = 0; neox <= 1; neox++)
+            for (size_t pi = 0; pi < sizeof positions / sizeof positions[0]; pi++) {
+                for (int i = 0; i < 2 * WIDE; i++)
+                    a[i] = b[i] = rnd_unit();
+                kvs_rope(a, 2, WIDE, rots[r], positions[pi], 500000.0f, neox);
+                kvs_rope_angles(positions[pi], rots[r], 500000.0f, cs, sn);
+                kvs_rope_apply(b, 2, WIDE, rots[r], cs, sn, neox);
+                CHECKF(memcmp(a, b, sizeof a) == 0, "rope in two steps: rot_dim %d neox %d pos %d",
+                       rots[r], neox, positions[pi]);
+            }
 }
 
 /* Decode attention's row kernels (kernels_attn.c) against double sums over the fp16 rows:
@@ -770,6 +815,7 @@ int main(void)
     test_vector_ops();
     test_attn_rows();
     test_rope();
+    test_abs_below();
     test_matmul();
     printf("matmul cases: %d\n", n_matmul_cases);
     return check_summary("test_kernels");

@@ -100,6 +100,64 @@ static void fill(kvs_store *s, int n, int seed, kvs_error *err)
     }
 }
 
+/* Whether two stores hold the same slots in layer 0's two heads: positions, order, and every
+ * key and value as read back. */
+static int same_slots(const kvs_store *s, const kvs_store *f)
+{
+    int same = 1;
+    for (int h = 0; h < 2; h++) {
+        const int n = kvs_store_count(f, 0, h);
+        same &= kvs_store_count(s, 0, h) == n &&
+                memcmp(kvs_store_pos(s, 0, h), kvs_store_pos(f, 0, h), sizeof(int32_t) * (size_t)n) == 0 &&
+                kvs_store_ordered(s, 0, h) == kvs_store_ordered(f, 0, h);
+        for (int i = 0; i < n; i++) {
+            float a[64], b[64], c[64], d[64];
+            kvs_store_key_f32(s, 0, h, i, a);
+            kvs_store_key_f32(f, 0, h, i, b);
+            kvs_store_value_f32(s, 0, h, i, c);
+            kvs_store_value_f32(f, 0, h, i, d);
+            same &= memcmp(a, b, sizeof a) == 0 && memcmp(c, d, sizeof c) == 0;
+        }
+    }
+    return same;
+}
+
+/* kvs_store_prefetch_append is a hint: whatever state the heads are in (empty, full to their
+ * capacity, live slots past row 0 after removals at the front, KIVI), a store given it before
+ * every append holds what one without it does, in an allocation of the same size. */
+static void prefetch_changes_nothing(void)
+{
+    for (int kind = 0; kind < 3; kind++) { /* F32, F16, KIVI */
+        kvs_store_config cfg = {1, 2, 64, 4096, kind == 0 ? KVS_F32 : KVS_F16, 1};
+        kvs_store *s = kvs_store_new(&cfg), *f = kvs_store_new(&cfg);
+        kvs_kivi_cfg k = {4, 2, 32, 64};
+        kvs_error err = {0};
+        CHECK(s && f);
+        if (kind == 2)
+            CHECK(kvs_store_set_kivi(s, &k, &err) == KVS_OK && kvs_store_set_kivi(f, &k, &err) == KVS_OK);
+        float kv[2 * 2 * 64];
+        for (int32_t p = 0; p < 300; p++) {
+            for (int i = 0; i < 2 * 2 * 64; i++)
+                kv[i] = (float)((p * 5 + i * 11) % 31) / 7.0f - 2.0f;
+            kvs_store_prefetch_append(s, 0);
+            CHECK(kvs_store_append(s, 0, 1, kv, kv + 2 * 64, &p, &err) == KVS_OK);
+            CHECK(kvs_store_append(f, 0, 1, kv, kv + 2 * 64, &p, &err) == KVS_OK);
+            if (p % 5 == 4 && kind != 2) {
+                kvs_store_remove(s, 0, 0, 0);
+                kvs_store_remove(f, 0, 0, 0);
+            }
+        }
+        kvs_store_prefetch_append(s, 0);
+        CHECKF(same_slots(s, f) && kvs_store_bytes(s) == kvs_store_bytes(f) &&
+                   kvs_store_alloc_bytes(s) == kvs_store_alloc_bytes(f),
+               "kind %d: the store given the hint differs (%zu / %zu bytes held, %zu / %zu "
+               "allocated)", kind, kvs_store_bytes(s), kvs_store_bytes(f),
+               kvs_store_alloc_bytes(s), kvs_store_alloc_bytes(f));
+        kvs_store_free(s);
+        kvs_store_free(f);
+    }
+}
+
 /* Emptying drops every slot and keeps the memory; what is stored next reads back exactly as
  * in a fresh store (F16 rows, and a KIVI store's codes, groups and residual). */
 static void empty_keeps_memory(void)
@@ -124,21 +182,7 @@ static void empty_keeps_memory(void)
         fill(f, 300, 2, &err);
         CHECK(kvs_store_alloc_bytes(s) == alloc); /* 300 < 500 slots: no growth */
         CHECK(kvs_store_bytes(s) == kvs_store_bytes(f));
-        int same = 1;
-        for (int h = 0; h < 2; h++) {
-            const int n = kvs_store_count(f, 0, h);
-            same &= kvs_store_count(s, 0, h) == n &&
-                    memcmp(kvs_store_pos(s, 0, h), kvs_store_pos(f, 0, h), sizeof(int32_t) * (size_t)n) == 0 &&
-                    kvs_store_ordered(s, 0, h) == kvs_store_ordered(f, 0, h);
-            for (int i = 0; i < n; i++) {
-                float a[64], b[64], c[64], d[64];
-                kvs_store_key_f32(s, 0, h, i, a);
-                kvs_store_key_f32(f, 0, h, i, b);
-                kvs_store_value_f32(s, 0, h, i, c);
-                kvs_store_value_f32(f, 0, h, i, d);
-                same &= memcmp(a, b, sizeof a) == 0 && memcmp(c, d, sizeof c) == 0;
-            }
-        }
+        const int same = same_slots(s, f);
         CHECKF(same, "kivi %d: the store emptied and refilled differs from a fresh one", kivi);
         kvs_store_free(s);
         kvs_store_free(f);
@@ -310,5 +354,6 @@ int main(void)
     attention_out_of_order();
     kivi_growth_amortised();
     empty_keeps_memory();
+    prefetch_changes_nothing();
     return check_summary("test_store");
 }

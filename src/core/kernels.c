@@ -415,6 +415,23 @@ void kvs_softmax(float *x, int n)
         x[i] *= inv;
 }
 
+int kvs_abs_below(const float *x, size_t n, float limit)
+{
+    size_t i = 0;
+#if KVS_AVX512
+    const __m512 lim = _mm512_set1_ps(limit);
+    __mmask16 ok = 0xffff;
+    for (; i + 16 <= n; i += 16) /* ordered compare: false for NaN */
+        ok &= _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(x + i)), lim, _CMP_LT_OQ);
+    if (ok != 0xffff)
+        return 0;
+#endif
+    for (; i < n; i++)
+        if (!(fabsf(x[i]) < limit))
+            return 0;
+    return 1;
+}
+
 void kvs_swiglu(float *a, const float *b, int n)
 {
     int i = 0;
@@ -454,6 +471,34 @@ static void rope_cos_sin(int pos, int p0, int np, int rot_dim, float base, float
 
 enum { ROPE_CHUNK = 128 };
 
+void kvs_rope_angles(int pos, int rot_dim, float base, float *cs, float *sn)
+{
+    rope_cos_sin(pos, 0, rot_dim / 2, rot_dim, base, cs, sn);
+}
+
+/* Turns pairs [p0, p0 + np) of each head by cs / sn (indexed from p0). */
+static void rope_turn(float *vec, int n_heads, int head_dim, int rot_dim, int p0, int np,
+                      const float *cs, const float *sn, int neox)
+{
+    const int n_pairs = rot_dim / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = vec + (size_t)h * head_dim;
+        for (int p = 0; p < np; p++) {
+            const int i0 = neox ? p0 + p : 2 * (p0 + p);
+            const int i1 = neox ? p0 + p + n_pairs : i0 + 1;
+            const float a = v[i0], b = v[i1];
+            v[i0] = a * cs[p] - b * sn[p];
+            v[i1] = a * sn[p] + b * cs[p];
+        }
+    }
+}
+
+void kvs_rope_apply(float *vec, int n_heads, int head_dim, int rot_dim, const float *cs,
+                    const float *sn, int neox)
+{
+    rope_turn(vec, n_heads, head_dim, rot_dim, 0, rot_dim / 2, cs, sn, neox);
+}
+
 void kvs_rope(float *vec, int n_heads, int head_dim, int rot_dim, int pos, float base, int neox)
 {
     /* cos/sin per pair are shared by all heads. */
@@ -462,16 +507,7 @@ void kvs_rope(float *vec, int n_heads, int head_dim, int rot_dim, int pos, float
     for (int p0 = 0; p0 < n_pairs; p0 += ROPE_CHUNK) {
         const int np = n_pairs - p0 < ROPE_CHUNK ? n_pairs - p0 : ROPE_CHUNK;
         rope_cos_sin(pos, p0, np, rot_dim, base, cs, sn);
-        for (int h = 0; h < n_heads; h++) {
-            float *v = vec + (size_t)h * head_dim;
-            for (int p = 0; p < np; p++) {
-                const int i0 = neox ? p0 + p : 2 * (p0 + p);
-                const int i1 = neox ? p0 + p + n_pairs : i0 + 1;
-                const float a = v[i0], b = v[i1];
-                v[i0] = a * cs[p] - b * sn[p];
-                v[i1] = a * sn[p] + b * cs[p];
-            }
-        }
+        rope_turn(vec, n_heads, head_dim, rot_dim, p0, np, cs, sn, neox);
     }
 }
 

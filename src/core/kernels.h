@@ -67,10 +67,18 @@ void kvs_rmsnorm(float *o, const float *x, const float *w, int n, float eps);
 void kvs_softmax(float *x, int n);
 /* a[i] = silu(a[i]) * b[i]. */
 void kvs_swiglu(float *a, const float *b, int n);
+/* Whether |x[i]| < limit for every i of n: 0 for any NaN (and any inf when limit is INFINITY). */
+int kvs_abs_below(const float *x, size_t n, float limit);
 /* Rotary embedding of n_heads consecutive heads of head_dim in vec at position pos, rotating
  * the first rot_dim dims of each head. Adjacent mode (neox = 0) rotates pairs (2i, 2i+1) with
  * theta = pos * base^(-2i/rot_dim); NeoX mode rotates (i, i + rot_dim/2) with the same theta. */
 void kvs_rope(float *vec, int n_heads, int head_dim, int rot_dim, int pos, float base, int neox);
+/* kvs_rope in two steps, for a position whose angles serve many vectors (every layer's queries
+ * and keys): cs / sn (rot_dim / 2 each) get the cos and sin of its pairs exactly as kvs_rope
+ * computes them, and kvs_rope_apply turns vec by them (by any cos / sin per pair). */
+void kvs_rope_angles(int pos, int rot_dim, float base, float *cs, float *sn);
+void kvs_rope_apply(float *vec, int n_heads, int head_dim, int rot_dim, const float *cs,
+                    const float *sn, int neox);
 /* Position shifting: vectors kvs_rope rotated at position `from` become (to float rounding)
  * what kvs_rope gives at position `to`. */
 void kvs_rope_move(float *vec, int n_heads, int head_dim, int rot_dim, int from, int to,

@@ -499,6 +499,13 @@ kvs_status kvs_kv_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, const floa
     return st;
 }
 
+void kvs_kv_prefetch_layer(const kvs_kv *kv, int layer)
+{
+    /* the merging kind appends to a store of its own, when it does */
+    if (kv->started && kv->prompt_left == 0 && !kv->policy.type->attend)
+        kvs_store_prefetch_append(kv->store, layer);
+}
+
 void kvs_kv_end_batch(kvs_kv *kv, int n)
 {
     if (kv->prompt_left > 0) {

@@ -39,6 +39,9 @@ kvs_status kvs_kv_begin_prompt(kvs_kv *kv, int n_prompt, kvs_error *err);
 kvs_status kvs_kv_layer(kvs_kv *kv, kvs_pool *pool, int layer, int n, const float *q,
                         const float *k, const float *v, const int32_t *pos, float *out,
                         kvs_error *err);
+/* A hint, before a layer's Q/K/V product: when the next kvs_kv_layer of layer is a decode step
+ * that appends to the store, the lines it writes are brought into the cache meanwhile. */
+void kvs_kv_prefetch_layer(const kvs_kv *kv, int layer);
 /* During a prompt: the largest batch the next kvs_kv_layer calls may take, at most the prompt
  * tokens left (the policy's prompt_batch may limit it, e.g. to 1 for a token fed through its
  * decode-time eviction). Outside a prompt: 1. */

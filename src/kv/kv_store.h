@@ -55,6 +55,10 @@ void kvs_store_keys_f32(const kvs_store *s, int layer, int head, float *out);
 /* Metadata channel c of a head: count floats, moved along with the slots. */
 float *kvs_store_meta(kvs_store *s, int layer, int head, int c);
 
+/* A hint before a one-token append to layer (decode, ahead of the layer's Q/K/V product): brings
+ * the lines the append will write into the cache, so that it does not wait on each head's
+ * cold rows in turn. Changes nothing; KIVI stores and heads that must grow are skipped. */
+void kvs_store_prefetch_append(const kvs_store *s, int layer);
 /* Appends n tokens to every head of layer: k and v are n rows of n_kv_heads * head_dim floats;
  * pos[i] must be increasing and after every stored position. New metadata is zero. */
 kvs_status kvs_store_append(kvs_store *s, int layer, int n, const float *k, const float *v,

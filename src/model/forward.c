@@ -26,7 +26,11 @@ kvs_status kvs_forward_buf_init(kvs_forward_buf *b, const kvs_hparams *hp, int c
     b->hb = malloc(sizeof(float) * n * hb_w);
     b->hb2 = malloc(sizeof(float) * n * hp->hidden);
     b->pos = malloc(sizeof(int32_t) * n);
-    if (!b->x || !b->xb || !b->q || !b->k || !b->v || !b->att || !b->hb || !b->hb2 || !b->pos) {
+    const size_t pairs = hp->rot_dim / 2 > 0 ? (size_t)hp->rot_dim / 2 : 1;
+    b->rope_cs = malloc(sizeof(float) * n * pairs);
+    b->rope_sn = malloc(sizeof(float) * n * pairs);
+    if (!b->x || !b->xb || !b->q || !b->k || !b->v || !b->att || !b->hb || !b->hb2 || !b->pos ||
+        !b->rope_cs || !b->rope_sn) {
         kvs_forward_buf_free(b);
         return kvs_fail(err, KVS_ERR_NOMEM, "out of memory for activations of %d tokens", cap);
     }
@@ -44,6 +48,8 @@ void kvs_forward_buf_free(kvs_forward_buf *b)
     free(b->hb);
     free(b->hb2);
     free(b->pos);
+    free(b->rope_cs);
+    free(b->rope_sn);
     memset(b, 0, sizeof *b);
 }
 
@@ -116,16 +122,18 @@ static void head_norm(float *vec, const float *w, int n_heads, int head_dim, flo
         kvs_rmsnorm(vec + (size_t)h * head_dim, vec + (size_t)h * head_dim, w, head_dim, eps);
 }
 
-/* RoPE of n_heads heads of vec at position pos. Pair i turns by
- * pos * base^(-2i/rot_dim) / rope_div[i]; without divisors this is exactly kvs_rope. With
+/* The cos and sin of RoPE pair i (of rot_dim / 2) at position pos: the pair turns by
+ * pos * base^(-2i/rot_dim) / rope_div[i]; without divisors these are exactly kvs_rope's. With
  * them, the angles are formed as llama.cpp forms them (theta_0 = pos, then theta_i+1 =
  * theta_i * base^(-2/rot_dim) in float), which follows its rounding: on the llama3-f32 golden
- * logits, 3e-5 instead of the 7e-5 of base^(-2i/rot_dim) per pair (and 6e-5 in double). */
-static void rope(const struct kvs_model *m, float *vec, int n_heads, int pos)
+ * logits, 3e-5 instead of the 7e-5 of base^(-2i/rot_dim) per pair (and 6e-5 in double).
+ * Computed once per token for the queries and keys of every layer: per layer, they were a
+ * sixth of the serial time between the parallel products of a two-thread decode. */
+static void rope_angles(const struct kvs_model *m, int pos, float *cs, float *sn)
 {
     const kvs_hparams *hp = &m->hp;
     if (!m->rope_div) {
-        kvs_rope(vec, n_heads, hp->head_dim, hp->rot_dim, pos, hp->rope_base, hp->rope_neox);
+        kvs_rope_angles(pos, hp->rot_dim, hp->rope_base, cs, sn);
         return;
     }
     const int half = hp->rot_dim / 2;
@@ -133,15 +141,8 @@ static void rope(const struct kvs_model *m, float *vec, int n_heads, int pos)
     float theta = (float)pos;
     for (int i = 0; i < half; i++, theta *= step) {
         const float angle = theta / m->rope_div[i];
-        const float c = cosf(angle), s = sinf(angle);
-        /* NORM pairs (2i, 2i+1); NEOX pairs (i, i + rot_dim/2) */
-        const int i0 = hp->rope_neox ? i : 2 * i, i1 = hp->rope_neox ? i + half : 2 * i + 1;
-        for (int h = 0; h < n_heads; h++) {
-            float *v = vec + (size_t)h * hp->head_dim;
-            const float a = v[i0], b = v[i1];
-            v[i0] = a * c - b * s;
-            v[i1] = a * s + b * c;
-        }
+        cs[i] = cosf(angle);
+        sn[i] = sinf(angle);
     }
 }
 
@@ -183,6 +184,8 @@ kvs_status kvs_forward(const struct kvs_model *m, kvs_pool *pool, kvs_kv *kv,
                             tokens[i], hp->vocab);
         kvs_weight_row(&m->tok_embd, tokens[i], b->x + (size_t)i * dim);
         b->pos[i] = pos0 + i;
+        const size_t pairs = (size_t)hp->rot_dim / 2;
+        rope_angles(m, b->pos[i], b->rope_cs + i * pairs, b->rope_sn + i * pairs);
     }
 
     for (int l = 0; l < hp->n_layers; l++) {
@@ -193,6 +196,7 @@ kvs_status kvs_forward(const struct kvs_model *m, kvs_pool *pool, kvs_kv *kv,
         /* Q, K, V: projections (plus biases), per-head norms, RoPE; the kv layer gets the
          * post-RoPE keys whatever the architecture. */
         kvs_status st;
+        kvs_kv_prefetch_layer(kv, l); /* the append's rows arrive during the product */
         if (L->wqkv.data) { /* one product; a failure is wq's, whose type all three share */
             if ((st = matmul(pool, b->hb, b->xb, &L->wqkv, n, ex, l, "attn_q", err)) != KVS_OK)
                 return st;
@@ -213,8 +217,10 @@ kvs_status kvs_forward(const struct kvs_model *m, kvs_pool *pool, kvs_kv *kv,
                 head_norm(q, L->q_norm, hp->n_heads, hp->head_dim, hp->eps);
                 head_norm(k, L->k_norm, hp->n_kv_heads, hp->head_dim, hp->eps);
             }
-            rope(m, q, hp->n_heads, b->pos[i]);
-            rope(m, k, hp->n_kv_heads, b->pos[i]);
+            const float *cs = b->rope_cs + (size_t)i * (hp->rot_dim / 2),
+                        *sn = b->rope_sn + (size_t)i * (hp->rot_dim / 2);
+            kvs_rope_apply(q, hp->n_heads, hp->head_dim, hp->rot_dim, cs, sn, hp->rope_neox);
+            kvs_rope_apply(k, hp->n_kv_heads, hp->head_dim, hp->rot_dim, cs, sn, hp->rope_neox);
         }
         if ((st = kvs_kv_layer(kv, pool, l, n, b->q, b->k, b->v, b->pos, b->att, err)) != KVS_OK ||
             (st = matmul(pool, b->xb, b->att, &L->wo, n, ex, l, "attn_output", err)) != KVS_OK)

@@ -14,6 +14,7 @@ typedef struct kvs_forward_buf {
     int exact_matmul; /* 1: quantised weights times fp32 activations (kvs_matmul_ex) */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2;
     int32_t *pos;
+    float *rope_cs, *rope_sn; /* per row, the cos and sin of its position's RoPE pairs */
 } kvs_forward_buf;
 
 kvs_status kvs_forward_buf_init(kvs_forward_buf *b, const kvs_hparams *hp, int cap,
