@@ -732,6 +732,31 @@ static void test_rope(void)
         ok &= fabsf(v[i] - (v0 * fcr - v1 * fci)) <= 1e-6f && fabsf(v[i + 1] - (v0 * fci + v1 * fcr)) <= 1e-6f;
     }
     CHECK(ok);
+    /* The vector paths against the scalar pair loop, bit for bit: every rot_dim from 2 to 160
+     * (remainders of both vector widths), heads wider than the rotation, both pairings. */
+    enum { HDW = 168 };
+    float x[2 * HDW], ref[2 * HDW], c2[HDW / 2], s2[HDW / 2];
+    int same = 1;
+    for (int rot = 2; rot <= 160; rot += 2)
+        for (int neox = 0; neox <= 1; neox++) {
+            for (int i = 0; i < rot / 2; i++) {
+                c2[i] = rnd_unit() - 0.5f;
+                s2[i] = rnd_unit() - 0.5f;
+            }
+            for (int i = 0; i < 2 * HDW; i++)
+                x[i] = ref[i] = rnd_unit() - 0.5f;
+            kvs_rope_apply(x, 2, HDW, rot, c2, s2, neox);
+            for (int h = 0; h < 2; h++)
+                for (int p = 0; p < rot / 2; p++) {
+                    float *r = ref + h * HDW;
+                    const int i0 = neox ? p : 2 * p, i1 = neox ? p + rot / 2 : 2 * p + 1;
+                    const float a = r[i0], b = r[i1];
+                    r[i0] = a * c2[p] - b * s2[p];
+                    r[i1] = a * s2[p] + b * c2[p];
+                }
+            same &= memcmp(x, ref, sizeof x) == 0;
+        }
+    CHECKF(same, "rope's vector paths differ from the scalar pair loop");
     /* In two steps (the forward pass's angles once per position): the same bits as kvs_rope,
      * also past kvs_rope's chunk of 128 pairs (rot_dim 384) and with a partial rotation. */
     enum { WIDE = 384 };
