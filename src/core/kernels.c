@@ -478,8 +478,7 @@ void kvs_rope_angles(int pos, int rot_dim, float base, float *cs, float *sn)
 
 /* Turns pairs [p0, p0 + np) of each head by cs / sn (indexed from p0). The vector paths do the
  * scalar loop's operations (two products, then their difference or sum, no fused multiply-add),
- * so every result has the same bits: in decode, the scalar loop was a quarter of the serial
- * time between the parallel products (about 2 us per layer for the queries and keys). */
+ * so every result has the same bits. */
 static void rope_turn(float *vec, int n_heads, int head_dim, int rot_dim, int p0, int np,
                       const float *cs, const float *sn, int neox)
 {

@@ -127,8 +127,8 @@ static void head_norm(float *vec, const float *w, int n_heads, int head_dim, flo
  * them, the angles are formed as llama.cpp forms them (theta_0 = pos, then theta_i+1 =
  * theta_i * base^(-2/rot_dim) in float), which follows its rounding: on the llama3-f32 golden
  * logits, 3e-5 instead of the 7e-5 of base^(-2i/rot_dim) per pair (and 6e-5 in double).
- * Computed once per token for the queries and keys of every layer: per layer, they were a
- * sixth of the serial time between the parallel products of a two-thread decode. */
+ * Computed once per token for the queries and keys of every layer, not twice per layer: they
+ * run between the parallel products, while the other threads wait. */
 static void rope_angles(const struct kvs_model *m, int pos, float *cs, float *sn)
 {
     const kvs_hparams *hp = &m->hp;
