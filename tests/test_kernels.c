@@ -751,8 +751,9 @@ static void test_rope(void)
                     float *r = ref + h * HDW;
                     const int i0 = neox ? p : 2 * p, i1 = neox ? p + rot / 2 : 2 * p + 1;
                     const float a = r[i0], b = r[i1];
-                    r[i0] = a * c2[p] - b * s2[p];
-                    r[i1] = a * s2[p] + b * c2[p];
+                    const float ac = a * c2[p], bs = b * s2[p], as = a * s2[p], bc = b * c2[p];
+                    r[i0] = ac - bs; /* products apart: no contraction into an FMA */
+                    r[i1] = as + bc;
                 }
             same &= memcmp(x, ref, sizeof x) == 0;
         }

@@ -478,7 +478,9 @@ void kvs_rope_angles(int pos, int rot_dim, float base, float *cs, float *sn)
 
 /* Turns pairs [p0, p0 + np) of each head by cs / sn (indexed from p0). The vector paths do the
  * scalar loop's operations (two products, then their difference or sum, no fused multiply-add),
- * so every result has the same bits. */
+ * so every result has the same bits. The scalar loop names its products in statements of their
+ * own: a compiler that contracts within an expression (clang's default) would otherwise fuse
+ * one product into the sum. */
 static void rope_turn(float *vec, int n_heads, int head_dim, int rot_dim, int p0, int np,
                       const float *cs, const float *sn, int neox)
 {
@@ -512,8 +514,9 @@ static void rope_turn(float *vec, int n_heads, int head_dim, int rot_dim, int p0
             const int i0 = neox ? p0 + p : 2 * (p0 + p);
             const int i1 = neox ? p0 + p + n_pairs : i0 + 1;
             const float a = v[i0], b = v[i1];
-            v[i0] = a * cs[p] - b * sn[p];
-            v[i1] = a * sn[p] + b * cs[p];
+            const float ac = a * cs[p], bs = b * sn[p], as = a * sn[p], bc = b * cs[p];
+            v[i0] = ac - bs;
+            v[i1] = as + bc;
         }
     }
 }
