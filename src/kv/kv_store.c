@@ -1,6 +1,7 @@
 #include "kv/kv_store.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -697,7 +698,7 @@ static kvs_status check_rows(const kvs_store *s, int layer, int n, const float *
         return KVS_OK;
     for (int kind = 0; kind < 2; kind++) {
         const float *x = kind ? v : k;
-        for (size_t i = 0; i < (size_t)n * nkv * hd; i++) {
+        for (size_t i = 0; i < total; i++) {
             if (fabsf(x[i]) < f16_limit) /* false for NaN */
                 continue;
             const int tok = (int)(i / ((size_t)nkv * hd)), h = (int)(i / hd % nkv);
@@ -738,13 +739,12 @@ static kvs_status check_room(const kvs_store *s, const store_head *H, int n, con
     return KVS_OK;
 }
 
-/* Prefetches [p, p + bytes) for writing. */
+/* Prefetches the cache lines of [p, p + bytes) for writing. */
 static void prefetch_write(const void *p, size_t bytes)
 {
-    const char *c = p;
-    for (size_t off = 0; off < bytes; off += 64)
-        __builtin_prefetch(c + off, 1, 3);
-    __builtin_prefetch(c + bytes - 1, 1, 3); /* a row that straddles one more line */
+    const uintptr_t last = ((uintptr_t)p + bytes - 1) & ~(uintptr_t)63;
+    for (uintptr_t line = (uintptr_t)p & ~(uintptr_t)63; line <= last; line += 64)
+        __builtin_prefetch((const void *)line, 1, 3);
 }
 
 void kvs_store_prefetch_append(const kvs_store *s, int layer)

@@ -176,6 +176,7 @@ kvs_status kvs_forward(const struct kvs_model *m, kvs_pool *pool, kvs_kv *kv,
     const kvs_hparams *hp = &m->hp;
     const int dim = hp->dim, q_dim = hp->n_heads * hp->head_dim,
               kv_dim = hp->n_kv_heads * hp->head_dim, ex = b->exact_matmul;
+    const size_t pairs = (size_t)hp->rot_dim / 2; /* RoPE pairs: a row of rope_cs / rope_sn */
     if (n <= 0 || n > b->cap)
         return kvs_fail(err, KVS_ERR_ARG, "batch of %d tokens (capacity %d)", n, b->cap);
     for (int i = 0; i < n; i++) {
@@ -184,7 +185,6 @@ kvs_status kvs_forward(const struct kvs_model *m, kvs_pool *pool, kvs_kv *kv,
                             tokens[i], hp->vocab);
         kvs_weight_row(&m->tok_embd, tokens[i], b->x + (size_t)i * dim);
         b->pos[i] = pos0 + i;
-        const size_t pairs = (size_t)hp->rot_dim / 2;
         rope_angles(m, b->pos[i], b->rope_cs + i * pairs, b->rope_sn + i * pairs);
     }
 
@@ -217,8 +217,7 @@ kvs_status kvs_forward(const struct kvs_model *m, kvs_pool *pool, kvs_kv *kv,
                 head_norm(q, L->q_norm, hp->n_heads, hp->head_dim, hp->eps);
                 head_norm(k, L->k_norm, hp->n_kv_heads, hp->head_dim, hp->eps);
             }
-            const float *cs = b->rope_cs + (size_t)i * (hp->rot_dim / 2),
-                        *sn = b->rope_sn + (size_t)i * (hp->rot_dim / 2);
+            const float *cs = b->rope_cs + (size_t)i * pairs, *sn = b->rope_sn + (size_t)i * pairs;
             kvs_rope_apply(q, hp->n_heads, hp->head_dim, hp->rot_dim, cs, sn, hp->rope_neox);
             kvs_rope_apply(k, hp->n_kv_heads, hp->head_dim, hp->rot_dim, cs, sn, hp->rope_neox);
         }
