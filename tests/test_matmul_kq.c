@@ -21,6 +21,13 @@
 
 #include "rng.h"
 
+/* The build targets AVX2 (with FMA and F16C, as kernels_internal.h's KVS_AVX2). */
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define KVS_TEST_AVX2 1
+#else
+#define KVS_TEST_AVX2 0
+#endif
+
 static const kvs_dtype types[] = {KVS_Q4_K, KVS_Q6_K, KVS_Q5_K, KVS_IQ4_NL, KVS_Q4_1, KVS_Q5_0, KVS_Q5_1};
 #define N_TYPES (sizeof types / sizeof types[0])
 
@@ -64,6 +71,7 @@ static void random_x_row(float *x, int n, int kind)
 typedef struct {
     kvs_pool *pools[4]; /* NULL, 1, 2, 3 threads */
     int cases, bad_cases;
+    int avx2_cases;       /* of them, on kvs_matmul_kq_avx2 */
     double worst_a, worst_b; /* worst |err| / tolerance seen */
 } kq_state;
 
@@ -159,6 +167,23 @@ static void check_case(kq_state *st, kvs_dtype t, int n_rows, int n_in, int n_ou
         CHECKF(bad == 0, "kq %s rows=%d in=%d out=%d threads=%d: %d bad", kvs_dtype_name(t),
                n_rows, n_in, n_out, p, bad);
         st->cases++;
+        st->bad_cases += bad != 0;
+    }
+    /* the AVX2 path, which CPUs without AVX-512 VNNI take, on any CPU with AVX2 */
+    for (int p = 0; p < 4; p += 2) {
+        for (size_t i = 0; i < ny; i++)
+            y[i] = NAN;
+        const kvs_status s = kvs_matmul_kq_avx2(st->pools[p], y, x, w, t, n_rows, n_in, n_out);
+        if (s == KVS_ERR_UNSUPPORTED) {
+            CHECKF(!KVS_TEST_AVX2 || (t != KVS_Q4_K && t != KVS_Q5_K && t != KVS_Q6_K),
+                   "kq avx2 %s: refused", kvs_dtype_name(t));
+            break;
+        }
+        const int bad = s == KVS_OK ? count_bad(y, yr, ye, tol_a, tol_b, ny, st) : -1;
+        CHECKF(bad == 0, "kq avx2 %s rows=%d in=%d out=%d threads=%d: %d bad", kvs_dtype_name(t),
+               n_rows, n_in, n_out, p, bad);
+        st->cases++;
+        st->avx2_cases++;
         st->bad_cases += bad != 0;
     }
     /* (c) the routing: kvs_matmul gives these results too */
@@ -269,8 +294,10 @@ int main(void)
     test_types(st.pools[2]);
     test_detects_errors();
     test_shapes(&st);
-    printf("matmul_kq: %d cases, %d bad; worst err / tolerance: vs reference %.3g, vs exact %.3g\n",
-           st.cases, st.bad_cases, st.worst_a, st.worst_b);
+    printf("matmul_kq: %d cases (%d on the AVX2 path), %d bad; worst err / tolerance: vs "
+           "reference %.3g, vs exact %.3g\n",
+           st.cases, st.avx2_cases, st.bad_cases, st.worst_a, st.worst_b);
+    CHECK(!KVS_TEST_AVX2 || st.avx2_cases > 0);
     for (int i = 1; i < 4; i++)
         kvs_pool_destroy(st.pools[i]);
     return check_summary("test_matmul_kq");

@@ -63,6 +63,7 @@
 #include "worksplit.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -298,7 +299,7 @@ void kvs_matmul_kq_ref(float *y, const float *x, const void *w, kvs_dtype wt, in
 /* ------------------------------------------------------------------------------------------ */
 /* Shared context                                                                             */
 
-enum { PATH_PORTABLE, PATH_GEMV, PATH_TILE };
+enum { PATH_PORTABLE, PATH_GEMV, PATH_TILE, PATH_AVX2 };
 
 typedef struct {
     float *y;
@@ -1011,6 +1012,200 @@ static void tile_rows(const kq_ctx *c, char *scratch, int r0, int r1, int o0, in
 
 #endif /* KVS_AVX512_VNNI */
 
+/* ========================================================================================== */
+#if KVS_AVX2
+/* ========================================================================================== */
+
+/* ---- AVX2 (CPUs or VMs without AVX-512 VNNI): Q4_K, Q5_K and Q6_K on x in natural order ----
+ *
+ * No VPDPBUSD: VPMADDUBSW multiplies the unsigned quants u by the signed x bytes into 16-bit
+ * pair sums (at most 2 * 63 * 127 in size: no saturation) and VPMADDWD by ones adds the pairs,
+ * so lane i of a 32-element block holds the exact sum over its elements 4 i .. 4 i + 3. Each
+ * block's lanes are converted and added with one FMA by their constant d sc_s xd_b (x is
+ * quantised per block of 32, so the integer sums cannot run over a whole super-block); Q4_K /
+ * Q5_K's min term is one FMA per super-block on the precomputed -xd_b sum(q) (xo), and Q6_K's
+ * offset is subtracted from the pair sums in 16 bits (32 sum(q) by a second VPMADDUBSW), so
+ * every lane holds an exact sum of (u - 32) q. Up to 4 x rows share each unpacked block. */
+
+KVS_INLINE float avx2_hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* Per lane i: sum of u q over elements 4 i .. 4 i + 3 (exact), as fp32. */
+KVS_INLINE __m256 avx2_sums(__m256i pairs16)
+{
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs16, _mm256_set1_epi16(1)));
+}
+
+/* Lanes [f[2 s] x 4 | f[2 s + 1] x 4] of f (Q6_K: the two sub-blocks of 16 of a block), or
+ * f[s] in all 8 (pair = 0). */
+KVS_INLINE __m256 avx2_lanes(__m256 f, int s, int pair)
+{
+    const __m256i idx = pair ? _mm256_setr_epi32(2 * s, 2 * s, 2 * s, 2 * s, 2 * s + 1, 2 * s + 1,
+                                                 2 * s + 1, 2 * s + 1)
+                             : _mm256_set1_epi32(s);
+    return _mm256_permutevar8x32_ps(f, idx);
+}
+
+/* Q4_K / Q5_K scale bytes (blk + 4, dtype.h) as [sc_0..7 | m_0..7]: s[0..3] hold sc 0..3 in
+ * bits 0..5 and the top of sc 4..7 in bits 6..7; s[4..7] the same for m; s[8..11] the low
+ * nibbles of sc 4..7 (low) and m 4..7 (high). X gathers each output byte's low bits, Y its top
+ * two. (The 16-byte load reads 4 bytes of the block beyond the scales.) */
+KVS_INLINE __m128i avx2_k4_scales(const char *blk)
+{
+    const __m128i s = _mm_loadu_si128((const __m128i *)(blk + 4));
+    const __m128i X = _mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    const __m128i Y = _mm_shuffle_epi8(s, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    const __m128i lo = _mm_and_si128(X, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
+    const __m128i mh = _mm_and_si128(_mm_srli_epi16(X, 4),
+                                     _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15));
+    const __m128i top = _mm_and_si128(_mm_srli_epi16(Y, 2), _mm_set1_epi8(0x30));
+    return _mm_or_si128(_mm_or_si128(lo, mh), top);
+}
+
+/* y of R x rows from r (natural order) against one Q4_K (five = 0) or Q5_K (five = 1) row. */
+KVS_INLINE void avx2_k4_row(int R, int five, const kq_ctx *c, const char *row, int r, float *y)
+{
+    const size_t sbb = five ? sizeof(kvs_block_q5_K) : sizeof(kvs_block_q4_K);
+    const size_t qs_off = five ? offsetof(kvs_block_q5_K, qs) : offsetof(kvs_block_q4_K, qs);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
+    __m256 acc[4], mac[4];
+    KVS_UNROLL
+    for (int i = 0; i < R; i++)
+        acc[i] = mac[i] = _mm256_setzero_ps();
+    for (int sb = 0; sb < c->nb / 8; sb++) {
+        const char *blk = row + (size_t)sb * sbb;
+        if (R == 1)
+            KVS_PREFETCH_AHEAD(blk, sbb - 1);
+        const __m128i scm = avx2_k4_scales(blk);
+        uint32_t dd;
+        memcpy(&dd, blk, 4);
+        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd)); /* [d, dmin, ..] */
+        const __m256 sc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(scm)),
+                                        _mm256_broadcastss_ps(dm));
+        const __m256 mn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(scm, 8))),
+                                        _mm256_broadcastss_ps(_mm_movehdup_ps(dm)));
+        __m256 f[4];
+        KVS_UNROLL
+        for (int i = 0; i < R; i++) {
+            const size_t xr = (size_t)(r + i) * c->nbp + 8 * (size_t)sb;
+            f[i] = _mm256_mul_ps(sc, _mm256_loadu_ps(c->xd + xr));
+            mac[i] = _mm256_fmadd_ps(mn, _mm256_loadu_ps(c->xo + (size_t)(r + i) * 2 * c->nbp + 8 * (size_t)sb),
+                                     mac[i]);
+        }
+        const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(blk + offsetof(kvs_block_q5_K, qh)))
+                                : _mm256_setzero_si256();
+        KVS_UNROLL
+        for (int j = 0; j < 4; j++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + qs_off + 32 * j));
+            __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+            if (five) { /* bit 2 j (low) and 2 j + 1 (high) of qh[l] to bit 4 */
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * j), 4), b4));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * j + 1), 4), b4));
+            }
+            KVS_UNROLL
+            for (int i = 0; i < R; i++) {
+                const int8_t *xq = c->xq + ((size_t)(r + i) * c->nbp + 8 * (size_t)sb + 2 * j) * 32;
+                const __m256i q0 = _mm256_loadu_si256((const __m256i *)xq);
+                const __m256i q1 = _mm256_loadu_si256((const __m256i *)(xq + 32));
+                acc[i] = _mm256_fmadd_ps(avx2_sums(_mm256_maddubs_epi16(lo, q0)), avx2_lanes(f[i], 2 * j, 0), acc[i]);
+                acc[i] = _mm256_fmadd_ps(avx2_sums(_mm256_maddubs_epi16(hi, q1)), avx2_lanes(f[i], 2 * j + 1, 0), acc[i]);
+            }
+        }
+    }
+    KVS_UNROLL
+    for (int i = 0; i < R; i++)
+        y[(size_t)(r + i) * c->n_out] = avx2_hsum(acc[i]) + avx2_hsum(mac[i]);
+}
+
+/* y of R x rows from r (natural order) against one Q6_K row. */
+KVS_INLINE void avx2_q6k_row(int R, const kq_ctx *c, const char *row, int r, float *y)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30), off = _mm256_set1_epi8(32);
+    __m256 acc[4];
+    KVS_UNROLL
+    for (int i = 0; i < R; i++)
+        acc[i] = _mm256_setzero_ps();
+    for (int sb = 0; sb < c->nb / 8; sb++) {
+        const kvs_block_q6_K *k = (const kvs_block_q6_K *)row + sb;
+        if (R == 1)
+            KVS_PREFETCH_AHEAD(k, sizeof *k - 1);
+        const __m256 d = _mm256_set1_ps(kvs_fp16_to_fp32_scalar(k->d));
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)k->scales);
+        const __m256 s0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)));
+        const __m256 s1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))));
+        /* f[i][h] lane g: d sc[8 h + g] xd of block 4 h + g / 2 */
+        __m256 f[4][2];
+        KVS_UNROLL
+        for (int i = 0; i < R; i++) {
+            const __m256 xd = _mm256_loadu_ps(c->xd + (size_t)(r + i) * c->nbp + 8 * (size_t)sb);
+            f[i][0] = _mm256_mul_ps(s0, _mm256_permutevar8x32_ps(xd, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)));
+            f[i][1] = _mm256_mul_ps(s1, _mm256_permutevar8x32_ps(xd, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)));
+        }
+        KVS_UNROLL
+        for (int h = 0; h < 2; h++) {
+            const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(k->ql + 64 * h));
+            const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(k->ql + 64 * h + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(k->qh + 32 * h));
+            __m256i u[4]; /* the blocks 4 h + 0..3 (dtype.h's quarters) */
+            u[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2));
+            u[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2));
+            u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2));
+            u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
+            KVS_UNROLL
+            for (int t = 0; t < 4; t++)
+                KVS_UNROLL
+                for (int i = 0; i < R; i++) {
+                    const int8_t *xq = c->xq + ((size_t)(r + i) * c->nbp + 8 * (size_t)sb + 4 * h + t) * 32;
+                    const __m256i q = _mm256_loadu_si256((const __m256i *)xq);
+                    const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(u[t], q), _mm256_maddubs_epi16(off, q));
+                    acc[i] = _mm256_fmadd_ps(avx2_sums(p), avx2_lanes(f[i][h], t, 1), acc[i]);
+                }
+        }
+    }
+    KVS_UNROLL
+    for (int i = 0; i < R; i++)
+        y[(size_t)(r + i) * c->n_out] = avx2_hsum(acc[i]);
+}
+
+KVS_INLINE void avx2_row(int R, const kq_ctx *c, const char *row, int r, float *y)
+{
+    if (c->wt == KVS_Q6_K)
+        avx2_q6k_row(R, c, row, r, y);
+    else if (c->wt == KVS_Q5_K)
+        avx2_k4_row(R, 1, c, row, r, y);
+    else
+        avx2_k4_row(R, 0, c, row, r, y);
+}
+
+/* Blocks of 64 x rows: their quantised x (64 KiB at 1024 inputs) stays in L2 while the columns'
+ * weight rows pass over it; each weight row (at most a few KiB) is read from L1 by every group
+ * of 4 rows. */
+static void avx2_rows(const kq_ctx *c, int r0, int r1, int o0, int o1)
+{
+    for (int rb = r0; rb < r1; rb += 64) {
+        const int re = r1 - rb < 64 ? r1 : rb + 64;
+        for (int o = o0; o < o1; o++) {
+            const char *row = c->w + (size_t)o * c->row_bytes;
+            float *y = c->y + o;
+            for (int r = rb; r < re; r += 4) {
+                switch (re - r) {
+                case 1: avx2_row(1, c, row, r, y); break;
+                case 2: avx2_row(2, c, row, r, y); break;
+                case 3: avx2_row(3, c, row, r, y); break;
+                default: avx2_row(4, c, row, r, y); break;
+                }
+            }
+        }
+    }
+}
+
+#endif /* KVS_AVX2 */
+
 /* ------------------------------------------------------------------------------------------ */
 /* Portable path: the reference's block dots on x quantised once (natural order).             */
 
@@ -1038,6 +1233,9 @@ static void run_path(const kq_ctx *c, char *scratch, int r0, int r1, int o0, int
 #if KVS_AVX512_VNNI
     case PATH_GEMV: gemv_rows(c, r0, r1, o0, o1); break;
     case PATH_TILE: tile_rows(c, scratch, r0, r1, o0, o1); break;
+#endif
+#if KVS_AVX2
+    case PATH_AVX2: avx2_rows(c, r0, r1, o0, o1); break;
 #endif
     default:
         (void)scratch;
@@ -1072,22 +1270,44 @@ static void run(kvs_pool *pool, kvs_task_fn fn, void *ctx)
         fn(ctx, 0, 1);
 }
 
+/* The K-quants with 256-element super-blocks (the types the AVX2 path takes). */
+static int k_super_type(kvs_dtype wt) { return wt == KVS_Q4_K || wt == KVS_Q5_K || wt == KVS_Q6_K; }
+
 static int choose_path(kvs_dtype wt, int n_rows)
 {
 #if KVS_AVX512_VNNI
     return n_rows < KQ_TILE_MIN_ROWS(wt) ? PATH_GEMV : PATH_TILE;
 #else
-    (void)wt;
     (void)n_rows;
-    return PATH_PORTABLE;
+    return KVS_AVX2 && k_super_type(wt) ? PATH_AVX2 : PATH_PORTABLE;
 #endif
 }
+
+static kvs_status matmul_on_path(kvs_pool *pool, float *y, const float *x, const void *w,
+                                 kvs_dtype wt, int n_rows, int n_in, int n_out, int path);
 
 kvs_status kvs_matmul_kq(kvs_pool *pool, float *y, const float *x, const void *w, kvs_dtype wt,
                          int n_rows, int n_in, int n_out)
 {
     if (!kvs_kq_type(wt))
         return KVS_ERR_UNSUPPORTED;
+    return matmul_on_path(pool, y, x, w, wt, n_rows, n_in, n_out, choose_path(wt, n_rows));
+}
+
+kvs_status kvs_matmul_kq_avx2(kvs_pool *pool, float *y, const float *x, const void *w,
+                              kvs_dtype wt, int n_rows, int n_in, int n_out)
+{
+#if KVS_AVX2
+    if (k_super_type(wt))
+        return matmul_on_path(pool, y, x, w, wt, n_rows, n_in, n_out, PATH_AVX2);
+#endif
+    (void)pool, (void)y, (void)x, (void)w, (void)wt, (void)n_rows, (void)n_in, (void)n_out;
+    return KVS_ERR_UNSUPPORTED;
+}
+
+static kvs_status matmul_on_path(kvs_pool *pool, float *y, const float *x, const void *w,
+                                 kvs_dtype wt, int n_rows, int n_in, int n_out, int path)
+{
     if (n_rows <= 0 || n_out <= 0 || n_in <= 0) /* kvs_matmul never calls with these */
         return KVS_OK;
     const int nth = pool ? kvs_pool_size(pool) : 1;
@@ -1097,7 +1317,7 @@ kvs_status kvs_matmul_kq(kvs_pool *pool, float *y, const float *x, const void *w
     c.x = x;
     c.w = w;
     c.wt = wt;
-    c.path = choose_path(wt, n_rows);
+    c.path = path;
     c.n_rows = n_rows;
     c.n_in = n_in;
     c.n_out = n_out;
@@ -1144,7 +1364,10 @@ kvs_status kvs_matmul_kq(kvs_pool *pool, float *y, const float *x, const void *w
     const int col_units = (n_out + c.unit - 1) / c.unit;
     c.by_rows = kvs_split_by_rows(col_units, n_rows, nth);
     kvs_split_init(&c.split, col_units, nth,
-                   kvs_split_grain(col_units, nth, c.path == PATH_GEMV ? c.unit * c.row_bytes : 0));
+                   kvs_split_grain(col_units, nth, c.path == PATH_GEMV || (c.path == PATH_AVX2 &&
+                                                                  n_rows < KQ_TILE_MIN_ROWS(wt))
+                                                         ? c.unit * c.row_bytes
+                                                         : 0));
     run(pool, matmul_task, &c);
     free(owned);
     return KVS_OK;

@@ -19,6 +19,12 @@ int kvs_kq_type(kvs_dtype t);
 kvs_status kvs_matmul_kq(kvs_pool *pool, float *y, const float *x, const void *w, kvs_dtype wt,
                          int n_rows, int n_in, int n_out);
 
+/* kvs_matmul_kq on its AVX2 path (what a CPU without AVX-512 VNNI runs) for Q4_K, Q5_K and
+ * Q6_K, so that a test can check that path on any CPU with AVX2; KVS_ERR_UNSUPPORTED for the
+ * other types, in a build without AVX2, or with VNNI (whose builds do not compile it). */
+kvs_status kvs_matmul_kq_avx2(kvs_pool *pool, float *y, const float *x, const void *w,
+                              kvs_dtype wt, int n_rows, int n_in, int n_out);
+
 /* The scalar reference that defines the arithmetic (same arguments, single-threaded, no
  * allocation; does nothing for other types):
  *  - x is quantised per block b of 32 elements: xd_b = amax / 127 (fp32), id = xd_b != 0 ?
