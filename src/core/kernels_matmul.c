@@ -844,12 +844,178 @@ static float dot_row_q(const mm_ctx *c, const char *row, int r)
 #endif
 }
 
+#if KVS_AVX2
+/* AVX2 kernels (CPUs or VMs without AVX-512): a few weight rows against up to 4 x rows at a time,
+ * so that each load feeds several FMA and the FMA chains overlap. Per weight row and x row they
+ * read what portable_rows' per-pair dots read, in the same block order. */
+
+/* Q8_0: per block |w| times sign(x, w) with VPMADDUBSW (pairs below 2 * 128 * 127: no
+ * saturation), VPMADDWD by ones, and one FMA by d xd; the blocks' fp16 scales are converted 8
+ * at a time (F16C) and multiplied by the x rows' xd (zero-padded to nbp). Two FMA chains per x
+ * row (even and odd blocks). */
+KVS_INLINE void q8_block_avx2(int R, const mm_ctx *c, const kvs_block_q8_0 *k, int r, int b,
+                              const __m256 *f, int lane, __m256 *acc)
+{
+    if (R == 1)
+        KVS_PREFETCH_AHEAD(k, 0); /* one line per block of 34 bytes */
+    const __m256i w = _mm256_loadu_si256((const __m256i *)k->qs);
+    const __m256i aw = _mm256_sign_epi8(w, w);
+    const __m256i idx = _mm256_set1_epi32(lane);
+    KVS_UNROLL
+    for (int i = 0; i < R; i++) {
+        const __m256i x =
+            _mm256_loadu_si256((const __m256i *)(c->xq + ((size_t)(r + i) * c->nbp + b) * KVS_QK));
+        const __m256i p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
+        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+        acc[i] = _mm256_fmadd_ps(p, _mm256_permutevar8x32_ps(f[i], idx), acc[i]);
+    }
+}
+
+KVS_INLINE void q8_row_avx2(int R, const mm_ctx *c, const char *row, int r, float *y)
+{
+    const kvs_block_q8_0 *blk = (const kvs_block_q8_0 *)row;
+    __m256 acc[2][4];
+    KVS_UNROLL
+    for (int i = 0; i < R; i++)
+        acc[0][i] = acc[1][i] = _mm256_setzero_ps();
+    for (int b0 = 0; b0 < c->nb; b0 += 8) {
+        const int ng = c->nb - b0 < 8 ? c->nb - b0 : 8;
+        const __m256 d8 = kvs_fp16x8_at((const char *)(blk + b0), sizeof *blk, ng);
+        __m256 f[4];
+        KVS_UNROLL
+        for (int i = 0; i < R; i++)
+            f[i] = _mm256_mul_ps(d8, _mm256_loadu_ps(c->xd + (size_t)(r + i) * c->nbp + b0));
+        if (ng == 8) { /* unrolled: the lane and the chain are constants */
+            KVS_UNROLL
+            for (int g = 0; g < 8; g++)
+                q8_block_avx2(R, c, blk + b0 + g, r, b0 + g, f, g, acc[g & 1]);
+        } else {
+            for (int g = 0; g < ng; g++)
+                q8_block_avx2(R, c, blk + b0 + g, r, b0 + g, f, g, acc[0]);
+        }
+    }
+    KVS_UNROLL
+    for (int i = 0; i < R; i++)
+        y[(size_t)(r + i) * c->n_out] = hsum256(_mm256_add_ps(acc[0][i], acc[1][i]));
+}
+
+/* F32: NC weight rows (o, o + 1, ..) against R x rows, 8 floats per step, R * NC accumulators
+ * (doubled by even / odd steps when there are fewer than 8); a scalar tail past the last 8. */
+KVS_INLINE void f32_rows_avx2(int R, int NC, const mm_ctx *c, int o, int r)
+{
+    const int K = c->n_in, U = R * NC < 8 ? 2 : 1;
+    const float *w[4], *x[4];
+    KVS_UNROLL
+    for (int j = 0; j < NC; j++)
+        w[j] = (const float *)(c->w + (size_t)(o + j) * c->row_bytes);
+    KVS_UNROLL
+    for (int i = 0; i < R; i++)
+        x[i] = c->x + (size_t)(r + i) * K;
+    __m256 acc[2][4][4];
+    KVS_UNROLL
+    for (int u = 0; u < U; u++)
+        KVS_UNROLL
+        for (int i = 0; i < R; i++)
+            KVS_UNROLL
+            for (int j = 0; j < NC; j++)
+                acc[u][i][j] = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 8 * U <= K; k += 8 * U)
+        KVS_UNROLL
+        for (int u = 0; u < U; u++) {
+            __m256 wv[4];
+            KVS_UNROLL
+            for (int j = 0; j < NC; j++) {
+                wv[j] = _mm256_loadu_ps(w[j] + k + 8 * u);
+            }
+            KVS_UNROLL
+            for (int i = 0; i < R; i++) {
+                const __m256 xv = _mm256_loadu_ps(x[i] + k + 8 * u);
+                KVS_UNROLL
+                for (int j = 0; j < NC; j++)
+                    acc[u][i][j] = _mm256_fmadd_ps(xv, wv[j], acc[u][i][j]);
+            }
+        }
+    KVS_UNROLL
+    for (int i = 0; i < R; i++)
+        KVS_UNROLL
+        for (int j = 0; j < NC; j++) {
+            __m256 a = acc[0][i][j];
+            if (U == 2)
+                a = _mm256_add_ps(a, acc[1][i][j]);
+            float s = hsum256(a);
+            for (int t = k; t < K; t++)
+                s += x[i][t] * w[j][t];
+            c->y[(size_t)(r + i) * c->n_out + o + j] = s;
+        }
+}
+
+#define KVS_F32_R(NC)                                                                             \
+    switch (r1 - r) {                                                                             \
+    case 1: f32_rows_avx2(1, NC, c, o, r); break;                                                 \
+    case 2: f32_rows_avx2(2, NC, c, o, r); break;                                                 \
+    case 3: f32_rows_avx2(3, NC, c, o, r); break;                                                 \
+    default: f32_rows_avx2(4, NC, c, o, r); break;                                                \
+    }
+
+/* Columns by 2 (one at the end), x rows by 4, in blocks of 64 x rows (whose fp32 x stays in L2
+ * while the columns pass over it). */
+static void f32_avx2(const mm_ctx *c, int r0, int r1, int o0, int o1)
+{
+    for (int rb = r0; rb < r1; rb += 64) {
+        const int re = r1 - rb < 64 ? r1 : rb + 64;
+        for (int o = o0; o < o1; o += 2)
+            for (int r = rb; r < re; r += 4) {
+                const int r1 = re; /* the macro's bound */
+                if (o + 2 <= o1) {
+                    KVS_F32_R(2)
+                } else {
+                    KVS_F32_R(1)
+                }
+            }
+    }
+}
+#undef KVS_F32_R
+
+static void q8_avx2(const mm_ctx *c, int r0, int r1, int o0, int o1)
+{
+    for (int rb = r0; rb < r1; rb += 64) {
+        const int re = r1 - rb < 64 ? r1 : rb + 64;
+        for (int o = o0; o < o1; o++) {
+            const char *row = c->w + (size_t)o * c->row_bytes;
+            float *y = c->y + o;
+            for (int r = rb; r < re; r += 4) {
+                switch (re - r) {
+                case 1: q8_row_avx2(1, c, row, r, y); break;
+                case 2: q8_row_avx2(2, c, row, r, y); break;
+                case 3: q8_row_avx2(3, c, row, r, y); break;
+                default: q8_row_avx2(4, c, row, r, y); break;
+                }
+            }
+        }
+    }
+}
+#endif
+
 static size_t portable_scratch_bytes(int K) { return align64((size_t)K * sizeof(float)); }
 
 static void portable_rows(const mm_ctx *c, char *scratch, int r0, int r1, int o0, int o1)
 {
     const int K = c->n_in;
     float *wrow = (float *)scratch;
+#if KVS_AVX2
+    if (c->wt == KVS_Q8_0) {
+        q8_avx2(c, r0, r1, o0, o1);
+        return;
+    }
+    /* F32 with one x row (decode) stays on the per-row dots below: this kernel streamed the
+     * weights from DRAM more slowly there (bench_matmul's model decode 14-22 GB/s against
+     * 23-28, alternating runs; with 2 or 1 weight rows at a time, with or without prefetch) */
+    if (c->wt == KVS_F32 && r1 - r0 > 1) {
+        f32_avx2(c, r0, r1, o0, o1);
+        return;
+    }
+#endif
     for (int o = o0; o < o1; o++) {
         const char *row = c->w + (size_t)o * c->row_bytes;
         if (c->wt == KVS_Q8_0 || c->wt == KVS_Q4_0) {

@@ -1072,10 +1072,10 @@ KVS_INLINE void avx2_k4_row(int R, int five, const kq_ctx *c, const char *row, i
     const size_t sbb = five ? sizeof(kvs_block_q5_K) : sizeof(kvs_block_q4_K);
     const size_t qs_off = five ? offsetof(kvs_block_q5_K, qs) : offsetof(kvs_block_q4_K, qs);
     const __m256i m4 = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
-    __m256 acc[4], mac[4];
+    __m256 acc[4], ach[4], mac[4]; /* two FMA chains per row: the blocks' latency overlaps */
     KVS_UNROLL
     for (int i = 0; i < R; i++)
-        acc[i] = mac[i] = _mm256_setzero_ps();
+        acc[i] = ach[i] = mac[i] = _mm256_setzero_ps();
     for (int sb = 0; sb < c->nb / 8; sb++) {
         const char *blk = row + (size_t)sb * sbb;
         if (R == 1)
@@ -1112,23 +1112,23 @@ KVS_INLINE void avx2_k4_row(int R, int five, const kq_ctx *c, const char *row, i
                 const __m256i q0 = _mm256_loadu_si256((const __m256i *)xq);
                 const __m256i q1 = _mm256_loadu_si256((const __m256i *)(xq + 32));
                 acc[i] = _mm256_fmadd_ps(avx2_sums(_mm256_maddubs_epi16(lo, q0)), avx2_lanes(f[i], 2 * j, 0), acc[i]);
-                acc[i] = _mm256_fmadd_ps(avx2_sums(_mm256_maddubs_epi16(hi, q1)), avx2_lanes(f[i], 2 * j + 1, 0), acc[i]);
+                ach[i] = _mm256_fmadd_ps(avx2_sums(_mm256_maddubs_epi16(hi, q1)), avx2_lanes(f[i], 2 * j + 1, 0), ach[i]);
             }
         }
     }
     KVS_UNROLL
     for (int i = 0; i < R; i++)
-        y[(size_t)(r + i) * c->n_out] = avx2_hsum(acc[i]) + avx2_hsum(mac[i]);
+        y[(size_t)(r + i) * c->n_out] = avx2_hsum(_mm256_add_ps(acc[i], ach[i])) + avx2_hsum(mac[i]);
 }
 
 /* y of R x rows from r (natural order) against one Q6_K row. */
 KVS_INLINE void avx2_q6k_row(int R, const kq_ctx *c, const char *row, int r, float *y)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30), off = _mm256_set1_epi8(32);
-    __m256 acc[4];
+    __m256 acc[2][4]; /* two FMA chains per row (even and odd blocks) */
     KVS_UNROLL
     for (int i = 0; i < R; i++)
-        acc[i] = _mm256_setzero_ps();
+        acc[0][i] = acc[1][i] = _mm256_setzero_ps();
     for (int sb = 0; sb < c->nb / 8; sb++) {
         const kvs_block_q6_K *k = (const kvs_block_q6_K *)row + sb;
         if (R == 1)
@@ -1163,13 +1163,13 @@ KVS_INLINE void avx2_q6k_row(int R, const kq_ctx *c, const char *row, int r, flo
                     const int8_t *xq = c->xq + ((size_t)(r + i) * c->nbp + 8 * (size_t)sb + 4 * h + t) * 32;
                     const __m256i q = _mm256_loadu_si256((const __m256i *)xq);
                     const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(u[t], q), _mm256_maddubs_epi16(off, q));
-                    acc[i] = _mm256_fmadd_ps(avx2_sums(p), avx2_lanes(f[i][h], t, 1), acc[i]);
+                    acc[t & 1][i] = _mm256_fmadd_ps(avx2_sums(p), avx2_lanes(f[i][h], t, 1), acc[t & 1][i]);
                 }
         }
     }
     KVS_UNROLL
     for (int i = 0; i < R; i++)
-        y[(size_t)(r + i) * c->n_out] = avx2_hsum(acc[i]);
+        y[(size_t)(r + i) * c->n_out] = avx2_hsum(_mm256_add_ps(acc[0][i], acc[1][i]));
 }
 
 KVS_INLINE void avx2_row(int R, const kq_ctx *c, const char *row, int r, float *y)
