@@ -212,6 +212,34 @@ static inline __m512 exp512(__m512 x)
 }
 #endif
 
+#if KVS_AVX2 && !KVS_AVX512
+/* The same exp with AVX2 (no scalef): 2^n applied as two factors 2^(n >> 1) and 2^(n - (n >> 1)),
+ * each a normal float for the clamped range (|n| <= 231), so overflow still gives inf and the
+ * products underflow gradually. */
+static inline __m256 exp256(__m256 x)
+{
+    x = _mm256_max_ps(_mm256_set1_ps(-160.0f), x); /* operand order propagates NaN */
+    x = _mm256_min_ps(_mm256_set1_ps(100.0f), x);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i ni = _mm256_cvtps_epi32(n), n1 = _mm256_srai_epi32(ni, 1);
+    const __m256i n2 = _mm256_sub_epi32(ni, n1), bias = _mm256_set1_epi32(127);
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+#endif
+
 /* ------------------------------------------------------------------------------------------ */
 /* Per-vector ops                                                                             */
 
@@ -380,6 +408,15 @@ void kvs_softmax(float *x, int n)
             vm = _mm512_max_ps(vm, _mm512_loadu_ps(x + i));
         max = _mm512_reduce_max_ps(vm);
     }
+#elif KVS_AVX2
+    if (n >= 8) {
+        __m256 vm = _mm256_loadu_ps(x);
+        for (i = 8; i + 8 <= n; i += 8)
+            vm = _mm256_max_ps(vm, _mm256_loadu_ps(x + i));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        max = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    }
 #endif
     for (; i < n; i++)
         max = x[i] > max ? x[i] : max;
@@ -399,6 +436,19 @@ void kvs_softmax(float *x, int n)
         }
         sum = _mm512_reduce_add_ps(vsum);
     }
+#elif KVS_AVX2
+    {
+        const __m256 vmax = _mm256_set1_ps(max);
+        __m256 vsum = _mm256_setzero_ps();
+        for (; i + 8 <= n; i += 8) {
+            const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmax));
+            _mm256_storeu_ps(x + i, e);
+            vsum = _mm256_add_ps(vsum, e);
+        }
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(vsum), _mm256_extractf128_ps(vsum, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        sum = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    }
 #endif
     for (; i < n; i++) {
         x[i] = expf(x[i] - max);
@@ -410,6 +460,10 @@ void kvs_softmax(float *x, int n)
     const __m512 vinv = _mm512_set1_ps(inv);
     for (; i + 16 <= n; i += 16)
         _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), vinv));
+#elif KVS_AVX2
+    const __m256 vinv = _mm256_set1_ps(inv);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), vinv));
 #endif
     for (; i < n; i++)
         x[i] *= inv;
