@@ -125,6 +125,11 @@ static void quantize_x_rows(const mm_ctx *c, int r0, int r1)
             _mm_storeu_si128((__m128i *)qb, _mm512_cvtepi32_epi8(i0));
             _mm_storeu_si128((__m128i *)(qb + 16), _mm512_cvtepi32_epi8(i1));
             const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+#elif KVS_AVX2
+            float db;
+            int32_t s16[2];
+            kvs_quant32_avx2(xb, qb, &db, s16);
+            const int sum = s16[0] + s16[1];
 #else
             float amax = 0.0f;
             for (int j = 0; j < KVS_QK; j++)
@@ -1049,9 +1054,18 @@ static void f32_tiles(const mm_ctx *c, float *bp, int r0, int r1, int o0, int o1
         for (int q = 0; q < n_kc; q++) {
             const int k0 = (int)((int64_t)K * q / n_kc), k1 = (int)((int64_t)K * (q + 1) / n_kc);
             for (int j = 0; j < 16; j++) {
-                const float *w = j < nc ? (const float *)(c->w + (size_t)(o + j) * c->row_bytes) : NULL;
-                for (int k = k0; k < k1; k++)
-                    bp[(size_t)(k - k0) * 16 + j] = w ? w[k] : 0.0f;
+                const char *w = j < nc ? c->w + (size_t)(o + j) * c->row_bytes : NULL;
+                if (!w)
+                    for (int k = k0; k < k1; k++)
+                        bp[(size_t)(k - k0) * 16 + j] = 0.0f;
+                else if (c->wt == KVS_F32)
+                    for (int k = k0; k < k1; k++)
+                        bp[(size_t)(k - k0) * 16 + j] = ((const float *)w)[k];
+                else /* F16 (attention's keys in prefill), BF16 */
+                    for (int k = k0; k < k1; k++)
+                        bp[(size_t)(k - k0) * 16 + j] =
+                            c->wt == KVS_F16 ? kvs_fp16_to_fp32_scalar(((const uint16_t *)w)[k])
+                                             : kvs_bf16_to_fp32_scalar(((const uint16_t *)w)[k]);
             }
             for (int r = r0; r < r1; r += F2_R) {
                 const int R = r1 - r < F2_R ? r1 - r : F2_R;
@@ -1105,7 +1119,7 @@ static void portable_rows(const mm_ctx *c, char *scratch, int r0, int r1, int o0
     /* F32 with one x row (decode) stays on the per-row dots below: this kernel streamed the
      * weights from DRAM more slowly there (bench_matmul's model decode 14-22 GB/s against
      * 23-28, alternating runs; with 2 or 1 weight rows at a time, with or without prefetch) */
-    if (c->wt == KVS_F32 && r1 - r0 >= F2_MIN_ROWS) {
+    if ((c->wt == KVS_F32 || c->wt == KVS_F16 || c->wt == KVS_BF16) && r1 - r0 >= F2_MIN_ROWS) {
         f32_tiles(c, wrow, r0, r1, o0, o1);
         return;
     }

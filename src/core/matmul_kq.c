@@ -355,6 +355,8 @@ static void quant_block(const float *xb, int8_t *q, float *xd, int32_t *s16)
     s16[0] = _mm512_reduce_add_epi32(i0);
     s16[1] = _mm512_reduce_add_epi32(i1);
     *xd = d;
+#elif KVS_AVX2
+    kvs_quant32_avx2(xb, q, xd, s16);
 #else
     quant_block_scalar(xb, q, xd);
     s16[0] = s16[1] = 0;
