@@ -1022,9 +1022,10 @@ static void tile_rows(const kq_ctx *c, char *scratch, int r0, int r1, int o0, in
  *
  * No VPDPBUSD: VPMADDUBSW multiplies the unsigned quants u by the signed x bytes into 16-bit
  * pair sums (at most 2 * 63 * 127 in size: no saturation) and VPMADDWD by ones adds the pairs,
- * so lane i of a 32-element block holds the exact sum over its elements 4 i .. 4 i + 3. Each
- * block's lanes are converted and added with one FMA by their constant d sc_s xd_b (x is
- * quantised per block of 32, so the integer sums cannot run over a whole super-block); Q4_K /
+ * so lane i of a 32-element block holds the exact sum over its elements 4 i .. 4 i + 3. Two
+ * blocks' lanes are added pairwise into one vector (VPHADDD), converted, and added with one FMA
+ * by their constants d sc_s xd_b (x is quantised per block of 32, so the integer sums cannot
+ * run over a whole super-block; one conversion and FMA per block was 5% slower); Q4_K /
  * Q5_K's min term is one FMA per super-block on the precomputed -xd_b sum(q) (xo), and Q6_K's
  * offset is subtracted from the pair sums in 16 bits (32 sum(q) by a second VPMADDUBSW), so
  * every lane holds an exact sum of (u - 32) q. Up to 4 x rows share each unpacked block. */
@@ -1113,8 +1114,14 @@ KVS_INLINE void avx2_k4_row(int R, int five, const kq_ctx *c, const char *row, i
                 const int8_t *xq = c->xq + ((size_t)(r + i) * c->nbp + 8 * (size_t)sb + 2 * j) * 32;
                 const __m256i q0 = _mm256_loadu_si256((const __m256i *)xq);
                 const __m256i q1 = _mm256_loadu_si256((const __m256i *)(xq + 32));
-                acc[i] = _mm256_fmadd_ps(avx2_sums(_mm256_maddubs_epi16(lo, q0)), avx2_lanes(f[i], 2 * j, 0), acc[i]);
-                ach[i] = _mm256_fmadd_ps(avx2_sums(_mm256_maddubs_epi16(hi, q1)), avx2_lanes(f[i], 2 * j + 1, 0), ach[i]);
+                const __m256i one = _mm256_set1_epi16(1);
+                const __m256i h = _mm256_hadd_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, q0), one),
+                                                    _mm256_madd_epi16(_mm256_maddubs_epi16(hi, q1), one));
+                const __m256i idx = _mm256_setr_epi32(2 * j, 2 * j, 2 * j + 1, 2 * j + 1, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1);
+                if (j & 1)
+                    ach[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_permutevar8x32_ps(f[i], idx), ach[i]);
+                else
+                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_permutevar8x32_ps(f[i], idx), acc[i]);
             }
         }
     }
@@ -1158,15 +1165,25 @@ KVS_INLINE void avx2_q6k_row(int R, const kq_ctx *c, const char *row, int r, flo
             u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2));
             u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
                                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
+            /* blocks t and t + 1 (sub-blocks 2 t .. 2 t + 3) added in one vector: VPHADDD puts
+             * lanes [2t 2t 2t+2 2t+2 | 2t+1 2t+1 2t+3 2t+3] side by side */
             KVS_UNROLL
-            for (int t = 0; t < 4; t++)
+            for (int t = 0; t < 4; t += 2) {
+                const __m256i idx = _mm256_setr_epi32(2 * t, 2 * t, 2 * t + 2, 2 * t + 2, 2 * t + 1,
+                                                      2 * t + 1, 2 * t + 3, 2 * t + 3);
                 KVS_UNROLL
                 for (int i = 0; i < R; i++) {
                     const int8_t *xq = c->xq + ((size_t)(r + i) * c->nbp + 8 * (size_t)sb + 4 * h + t) * 32;
-                    const __m256i q = _mm256_loadu_si256((const __m256i *)xq);
-                    const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(u[t], q), _mm256_maddubs_epi16(off, q));
-                    acc[t & 1][i] = _mm256_fmadd_ps(avx2_sums(p), avx2_lanes(f[i][h], t, 1), acc[t & 1][i]);
+                    const __m256i q0 = _mm256_loadu_si256((const __m256i *)xq);
+                    const __m256i q1 = _mm256_loadu_si256((const __m256i *)(xq + 32));
+                    const __m256i p0 = _mm256_sub_epi16(_mm256_maddubs_epi16(u[t], q0), _mm256_maddubs_epi16(off, q0));
+                    const __m256i p1 = _mm256_sub_epi16(_mm256_maddubs_epi16(u[t + 1], q1), _mm256_maddubs_epi16(off, q1));
+                    const __m256i one = _mm256_set1_epi16(1);
+                    const __m256i hs = _mm256_hadd_epi32(_mm256_madd_epi16(p0, one), _mm256_madd_epi16(p1, one));
+                    acc[t >> 1][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hs), _mm256_permutevar8x32_ps(f[i][h], idx),
+                                                     acc[t >> 1][i]);
                 }
+            }
         }
     }
     KVS_UNROLL
