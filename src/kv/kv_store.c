@@ -9,6 +9,7 @@
 #include "core/kernels.h"
 #include "core/kernels_kivi.h"
 #include "core/number.h"
+#include "kv/kv_block.h"
 
 /* Live slots occupy rows [start, start + count) of arrays of cap rows. A free prefix lets a
  * removal near the front move the few slots before it instead of the long tail after it. Every
@@ -45,6 +46,7 @@ typedef struct kivi_head {
 
 typedef struct store_head {
     char *block;         /* the arrays below; NULL when cap is 0 */
+    size_t mapped;       /* kvs_kv_block_alloc's record of how the block was made */
     char *keys, *values; /* cap rows of row_bytes */
     int32_t *pos;
     float *meta[KVS_STORE_MAX_META];
@@ -90,7 +92,7 @@ kvs_store *kvs_store_new(const kvs_store_config *cfg)
 static void head_release(store_head *h)
 {
     kivi_head kq = h->kq; /* a KIVI head's data outlives its (pos, metadata) block */
-    free(h->block);
+    kvs_kv_block_free(h->block, h->mapped);
     memset(h, 0, sizeof *h);
     h->kq = kq;
 }
@@ -629,18 +631,17 @@ static size_t block_bytes(const kvs_store *s, int cap)
 
 /* A head's block, on a cache-line boundary, which the 64-byte offsets of its arrays assume:
  * from malloc (16-byte aligned) a 128-byte F16 row spanned three lines instead of two and
- * attention's vector loads split across lines. No speed difference was measurable through the
- * noise of the machines this ran on (depth-2048 decode, 5 alternating rounds). */
-static char *block_alloc(const kvs_store *s, int cap)
+ * attention's vector loads split across lines. Large blocks go on huge pages (kv_block.c). */
+static char *block_alloc(const kvs_store *s, int cap, size_t *mapped)
 {
-    return aligned_alloc(64, block_bytes(s, cap));
+    return kvs_kv_block_alloc(block_bytes(s, cap), mapped);
 }
 
 /* Moves a head's live slots to row 0 of blk, a block of cap rows (cap >= count), and frees the
  * old block. Cannot fail: the allocation came first. */
-static void head_adopt(const kvs_store *s, store_head *h, char *blk, int cap)
+static void head_adopt(const kvs_store *s, store_head *h, char *blk, size_t mapped, int cap)
 {
-    store_head n = {.block = blk, .count = h->count, .cap = cap, .newest = h->newest,
+    store_head n = {.block = blk, .mapped = mapped, .count = h->count, .cap = cap, .newest = h->newest,
                     .unordered = h->unordered, .kq = h->kq};
     const size_t rows = align64((size_t)cap * s->row_bytes), floats = align64((size_t)cap * 4);
     n.keys = blk;
@@ -656,7 +657,7 @@ static void head_adopt(const kvs_store *s, store_head *h, char *blk, int cap)
         for (int c = 0; c < s->cfg.n_meta; c++)
             memcpy(n.meta[c], h->meta[c] + at, cnt * sizeof(float));
     }
-    free(h->block);
+    kvs_kv_block_free(h->block, h->mapped);
     *h = n;
 }
 
@@ -671,10 +672,11 @@ static int head_resize(const kvs_store *s, store_head *h, int cap)
         head_release(h);
         return 0;
     }
-    char *blk = block_alloc(s, cap);
+    size_t mapped;
+    char *blk = block_alloc(s, cap, &mapped);
     if (!blk)
         return -1;
-    head_adopt(s, h, blk, cap);
+    head_adopt(s, h, blk, mapped, cap);
     return 0;
 }
 
@@ -789,15 +791,19 @@ kvs_status kvs_store_append(kvs_store *s, int layer, int n, const float *k, cons
     for (int h = 0; h < nkv && s->kivi.k_bits && !s->kivi_hold; h++)
         kivi_flush(s, head_at(s, layer, h));
     char *fresh[nkv];
+    size_t fresh_mapped[nkv];
     for (int h = 0; h < nkv; h++) {
         const store_head *H = head_at(s, layer, h);
         fresh[h] = NULL;
+        fresh_mapped[h] = 0;
         if (H->count + n <= H->cap)
             continue;
-        if (!(fresh[h] = block_alloc(s, grown_cap(s, H->count + n)))) {
+        if (!(fresh[h] = block_alloc(s, grown_cap(s, H->count + n), &fresh_mapped[h]))) {
             const int cap = grown_cap(s, H->count + n);
-            while (h > 0)
-                free(fresh[--h]);
+            while (h > 0) {
+                h--;
+                kvs_kv_block_free(fresh[h], fresh_mapped[h]);
+            }
             return kvs_fail(err, KVS_ERR_NOMEM,
                             "out of memory growing the KV cache to %d slots", cap);
         }
@@ -806,7 +812,7 @@ kvs_status kvs_store_append(kvs_store *s, int layer, int n, const float *k, cons
         store_head *H = head_at(s, layer, h);
         const int need = H->count + n;
         if (fresh[h])
-            head_adopt(s, H, fresh[h], grown_cap(s, need));
+            head_adopt(s, H, fresh[h], fresh_mapped[h], grown_cap(s, need));
         else if (H->start + need > H->cap)
             rebase(s, H);
         for (int i = 0; i < n; i++) {
@@ -845,11 +851,12 @@ kvs_status kvs_store_append_raw(kvs_store *s, int layer, int head, int n, const 
         return rst;
     const int need = H->count + n;
     if (need > H->cap) {
-        char *blk = block_alloc(s, grown_cap(s, need));
+        size_t mapped;
+        char *blk = block_alloc(s, grown_cap(s, need), &mapped);
         if (!blk)
             return kvs_fail(err, KVS_ERR_NOMEM, "out of memory growing the KV cache to %d slots",
                             grown_cap(s, need));
-        head_adopt(s, H, blk, grown_cap(s, need));
+        head_adopt(s, H, blk, mapped, grown_cap(s, need));
     } else if (H->start + need > H->cap) {
         rebase(s, H);
     }
