@@ -4,10 +4,11 @@
  * Decode reads every slot once per token, so these run at the rate the slots stream from DRAM.
  * The per-row kernels (kvs_dot_f16_f32, kvs_axpy_f16), called once per 128-byte row at head
  * size 64, kept the output in memory (a load and a store of it per value row) and left the
- * stream to the hardware prefetcher alone; here, for head sizes of 16 * NV (NV = 4 or 8: heads
- * of 64 and 128) the query or the output lives in NV registers for the whole pass and the rows
- * are prefetched KVS_PREFETCH_BYTES ahead when they are contiguous. Other head sizes, other
- * ISAs and selected (non-contiguous) rows use the per-row kernels, which are the reference. */
+ * stream to the hardware prefetcher alone; here, for heads of 64 and 128, the query or the
+ * output stays in registers for the whole pass (AVX-512: 4 or 8 zmm; AVX2: the scores of 8 rows
+ * at a time, the output 64 columns per pass) and contiguous rows are prefetched
+ * KVS_PREFETCH_BYTES ahead. Other head sizes and ISAs without AVX2 use the per-row kernels,
+ * which are the reference; AVX-512 also takes them for selected (non-contiguous) rows. */
 #include "kernels.h"
 
 #include "kernels_internal.h"

@@ -62,6 +62,26 @@
 #define KVS_PREFETCH_AHEAD(p, bytes) ((void)0)
 #endif
 
+/* The loop of the AVX2 products (kernels_matmul.c's Q8_0, matmul_kq.c's K-quants) over their
+ * x rows r0..r1 and weight rows o0..o1: blocks of 64 x rows, whose quantised x stays in L2
+ * while the weight rows pass over it; in each, every weight row (a few KiB, read from L1 after
+ * the first group) against groups of up to 4 x rows: KERNEL(R, c, row, r, y + o) for R 1..4. */
+#define KVS_AVX2_ROW_BLOCKS(c, r0, r1, o0, o1, KERNEL)                                          \
+    for (int kvs_rb_ = (r0); kvs_rb_ < (r1); kvs_rb_ += 64) {                                   \
+        const int kvs_re_ = (r1) - kvs_rb_ < 64 ? (r1) : kvs_rb_ + 64;                          \
+        for (int kvs_o_ = (o0); kvs_o_ < (o1); kvs_o_++) {                                      \
+            const char *kvs_row_ = (c)->w + (size_t)kvs_o_ * (c)->row_bytes;                    \
+            float *kvs_y_ = (c)->y + kvs_o_;                                                    \
+            for (int kvs_r_ = kvs_rb_; kvs_r_ < kvs_re_; kvs_r_ += 4)                           \
+                switch (kvs_re_ - kvs_r_) {                                                     \
+                case 1: KERNEL(1, c, kvs_row_, kvs_r_, kvs_y_); break;                          \
+                case 2: KERNEL(2, c, kvs_row_, kvs_r_, kvs_y_); break;                          \
+                case 3: KERNEL(3, c, kvs_row_, kvs_r_, kvs_y_); break;                          \
+                default: KERNEL(4, c, kvs_row_, kvs_r_, kvs_y_); break;                         \
+                }                                                                               \
+        }                                                                                       \
+    }
+
 /* An unaligned little-endian 16-bit field of a weight block (an fp16 scale). */
 static inline uint16_t kvs_load_u16(const char *p)
 {

@@ -1078,21 +1078,7 @@ static void f32_tiles(const mm_ctx *c, float *bp, int r0, int r1, int o0, int o1
 
 static void q8_avx2(const mm_ctx *c, int r0, int r1, int o0, int o1)
 {
-    for (int rb = r0; rb < r1; rb += 64) {
-        const int re = r1 - rb < 64 ? r1 : rb + 64;
-        for (int o = o0; o < o1; o++) {
-            const char *row = c->w + (size_t)o * c->row_bytes;
-            float *y = c->y + o;
-            for (int r = rb; r < re; r += 4) {
-                switch (re - r) {
-                case 1: q8_row_avx2(1, c, row, r, y); break;
-                case 2: q8_row_avx2(2, c, row, r, y); break;
-                case 3: q8_row_avx2(3, c, row, r, y); break;
-                default: q8_row_avx2(4, c, row, r, y); break;
-                }
-            }
-        }
-    }
+    KVS_AVX2_ROW_BLOCKS(c, r0, r1, o0, o1, q8_row_avx2)
 }
 #endif
 

@@ -1037,22 +1037,6 @@ KVS_INLINE float avx2_hsum(__m256 v)
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-/* Per lane i: sum of u q over elements 4 i .. 4 i + 3 (exact), as fp32. */
-KVS_INLINE __m256 avx2_sums(__m256i pairs16)
-{
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs16, _mm256_set1_epi16(1)));
-}
-
-/* Lanes [f[2 s] x 4 | f[2 s + 1] x 4] of f (Q6_K: the two sub-blocks of 16 of a block), or
- * f[s] in all 8 (pair = 0). */
-KVS_INLINE __m256 avx2_lanes(__m256 f, int s, int pair)
-{
-    const __m256i idx = pair ? _mm256_setr_epi32(2 * s, 2 * s, 2 * s, 2 * s, 2 * s + 1, 2 * s + 1,
-                                                 2 * s + 1, 2 * s + 1)
-                             : _mm256_set1_epi32(s);
-    return _mm256_permutevar8x32_ps(f, idx);
-}
-
 /* Q4_K / Q5_K scale bytes (blk + 4, dtype.h) as [sc_0..7 | m_0..7]: s[0..3] hold sc 0..3 in
  * bits 0..5 and the top of sc 4..7 in bits 6..7; s[4..7] the same for m; s[8..11] the low
  * nibbles of sc 4..7 (low) and m 4..7 (high). X gathers each output byte's low bits, Y its top
@@ -1201,26 +1185,9 @@ KVS_INLINE void avx2_row(int R, const kq_ctx *c, const char *row, int r, float *
         avx2_k4_row(R, 0, c, row, r, y);
 }
 
-/* Blocks of 64 x rows: their quantised x (64 KiB at 1024 inputs) stays in L2 while the columns'
- * weight rows pass over it; each weight row (at most a few KiB) is read from L1 by every group
- * of 4 rows. */
 static void avx2_rows(const kq_ctx *c, int r0, int r1, int o0, int o1)
 {
-    for (int rb = r0; rb < r1; rb += 64) {
-        const int re = r1 - rb < 64 ? r1 : rb + 64;
-        for (int o = o0; o < o1; o++) {
-            const char *row = c->w + (size_t)o * c->row_bytes;
-            float *y = c->y + o;
-            for (int r = rb; r < re; r += 4) {
-                switch (re - r) {
-                case 1: avx2_row(1, c, row, r, y); break;
-                case 2: avx2_row(2, c, row, r, y); break;
-                case 3: avx2_row(3, c, row, r, y); break;
-                default: avx2_row(4, c, row, r, y); break;
-                }
-            }
-        }
-    }
+    KVS_AVX2_ROW_BLOCKS(c, r0, r1, o0, o1, avx2_row)
 }
 
 #endif /* KVS_AVX2 */

@@ -641,8 +641,8 @@ static char *block_alloc(const kvs_store *s, int cap, size_t *mapped)
  * old block. Cannot fail: the allocation came first. */
 static void head_adopt(const kvs_store *s, store_head *h, char *blk, size_t mapped, int cap)
 {
-    store_head n = {.block = blk, .mapped = mapped, .count = h->count, .cap = cap, .newest = h->newest,
-                    .unordered = h->unordered, .kq = h->kq};
+    store_head n = {.block = blk, .mapped = mapped, .count = h->count, .cap = cap,
+                    .newest = h->newest, .unordered = h->unordered, .kq = h->kq};
     const size_t rows = align64((size_t)cap * s->row_bytes), floats = align64((size_t)cap * 4);
     n.keys = blk;
     n.values = blk + rows;
