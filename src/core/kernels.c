@@ -445,9 +445,7 @@ void kvs_softmax(float *x, int n)
             _mm256_storeu_ps(x + i, e);
             vsum = _mm256_add_ps(vsum, e);
         }
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(vsum), _mm256_extractf128_ps(vsum, 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        sum = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+        sum = kvs_hsum256(vsum);
     }
 #endif
     for (; i < n; i++) {

@@ -108,6 +108,14 @@ static inline __attribute__((always_inline)) __m256 kvs_fp16x8_at(const char *ba
     return _mm256_cvtph_ps(h);
 }
 
+/* The sum of the 8 lanes of v. */
+static inline __attribute__((always_inline)) float kvs_hsum256(__m256 v)
+{
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
 /* A block of 32 activations quantised as the scalar quantisers do (d = amax / 127, q =
  * rint(x / d) through the reciprocal; cvtps rounds to nearest even, as rintf): q[0..31], *d, and
  * the sums of q over each half of 16. */

@@ -771,15 +771,6 @@ static void tile_q(const mm_ctx *c, char *scratch, int r0, int r1, int o0, int o
 /* ========================================================================================== */
 /* Portable (scalar / AVX2) kernels: one weight row at a time against every x row.            */
 
-#if KVS_AVX2
-KVS_INLINE float hsum256(__m256 v)
-{
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
-}
-#endif
 
 #if !KVS_AVX2
 /* Integer dot of one weight block with one x block: sum_j w_j * q_j. */
@@ -831,7 +822,7 @@ static float dot_row_q(const mm_ctx *c, const char *row, int r)
         const float s = kvs_fp16_to_fp32_scalar(dh) * xd[b];
         acc = _mm256_fmadd_ps(p, _mm256_set1_ps(s), acc);
     }
-    return hsum256(acc);
+    return kvs_hsum256(acc);
 #else
     float acc = 0.0f;
     for (int b = 0; b < c->nb; b++) {
@@ -901,7 +892,7 @@ KVS_INLINE void q8_row_avx2(int R, const mm_ctx *c, const char *row, int r, floa
     }
     KVS_UNROLL
     for (int i = 0; i < R; i++)
-        y[(size_t)(r + i) * c->n_out] = hsum256(_mm256_add_ps(acc[0][i], acc[1][i]));
+        y[(size_t)(r + i) * c->n_out] = kvs_hsum256(_mm256_add_ps(acc[0][i], acc[1][i]));
 }
 
 /* F32: NC weight rows (o, o + 1, ..) against R x rows, 8 floats per step, R * NC accumulators
@@ -930,9 +921,8 @@ KVS_INLINE void f32_rows_avx2(int R, int NC, const mm_ctx *c, int o, int r)
         for (int u = 0; u < U; u++) {
             __m256 wv[4];
             KVS_UNROLL
-            for (int j = 0; j < NC; j++) {
+            for (int j = 0; j < NC; j++)
                 wv[j] = _mm256_loadu_ps(w[j] + k + 8 * u);
-            }
             KVS_UNROLL
             for (int i = 0; i < R; i++) {
                 const __m256 xv = _mm256_loadu_ps(x[i] + k + 8 * u);
@@ -948,20 +938,27 @@ KVS_INLINE void f32_rows_avx2(int R, int NC, const mm_ctx *c, int o, int r)
             __m256 a = acc[0][i][j];
             if (U == 2)
                 a = _mm256_add_ps(a, acc[1][i][j]);
-            float s = hsum256(a);
+            float s = kvs_hsum256(a);
             for (int t = k; t < K; t++)
                 s += x[i][t] * w[j][t];
             c->y[(size_t)(r + i) * c->n_out + o + j] = s;
         }
 }
 
-#define KVS_F32_R(NC)                                                                             \
-    switch (r1 - r) {                                                                             \
-    case 1: f32_rows_avx2(1, NC, c, o, r); break;                                                 \
-    case 2: f32_rows_avx2(2, NC, c, o, r); break;                                                 \
-    case 3: f32_rows_avx2(3, NC, c, o, r); break;                                                 \
-    default: f32_rows_avx2(4, NC, c, o, r); break;                                                \
+/* One group of nr (1..4) x rows from r against nc (1 or 2) weight rows from o. */
+static void f32_group_avx2(const mm_ctx *c, int o, int nc, int r, int nr)
+{
+    switch (4 * (nc - 1) + (nr < 4 ? nr : 4)) {
+    case 1: f32_rows_avx2(1, 1, c, o, r); break;
+    case 2: f32_rows_avx2(2, 1, c, o, r); break;
+    case 3: f32_rows_avx2(3, 1, c, o, r); break;
+    case 4: f32_rows_avx2(4, 1, c, o, r); break;
+    case 5: f32_rows_avx2(1, 2, c, o, r); break;
+    case 6: f32_rows_avx2(2, 2, c, o, r); break;
+    case 7: f32_rows_avx2(3, 2, c, o, r); break;
+    default: f32_rows_avx2(4, 2, c, o, r); break;
     }
+}
 
 /* Columns by 2 (one at the end), x rows by 4, in blocks of 64 x rows (whose fp32 x stays in L2
  * while the columns pass over it). */
@@ -970,17 +967,10 @@ static void f32_avx2(const mm_ctx *c, int r0, int r1, int o0, int o1)
     for (int rb = r0; rb < r1; rb += 64) {
         const int re = r1 - rb < 64 ? r1 : rb + 64;
         for (int o = o0; o < o1; o += 2)
-            for (int r = rb; r < re; r += 4) {
-                const int r1 = re; /* the macro's bound */
-                if (o + 2 <= o1) {
-                    KVS_F32_R(2)
-                } else {
-                    KVS_F32_R(1)
-                }
-            }
+            for (int r = rb; r < re; r += 4)
+                f32_group_avx2(c, o, o + 2 <= o1 ? 2 : 1, r, re - r);
     }
 }
-#undef KVS_F32_R
 
 /* F32 with many x rows (prefill): panels of 16 weight columns packed k-major (bp[k][16], zero
  * beyond the last column) for at most F2_KC elements of k, then swept by every x row in tiles of

@@ -1030,13 +1030,6 @@ static void tile_rows(const kq_ctx *c, char *scratch, int r0, int r1, int o0, in
  * offset is subtracted from the pair sums in 16 bits (32 sum(q) by a second VPMADDUBSW), so
  * every lane holds an exact sum of (u - 32) q. Up to 4 x rows share each unpacked block. */
 
-KVS_INLINE float avx2_hsum(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
 /* Q4_K / Q5_K scale bytes (blk + 4, dtype.h) as [sc_0..7 | m_0..7]: s[0..3] hold sc 0..3 in
  * bits 0..5 and the top of sc 4..7 in bits 6..7; s[4..7] the same for m; s[8..11] the low
  * nibbles of sc 4..7 (low) and m 4..7 (high). X gathers each output byte's low bits, Y its top
@@ -1059,10 +1052,10 @@ KVS_INLINE void avx2_k4_row(int R, int five, const kq_ctx *c, const char *row, i
     const size_t sbb = five ? sizeof(kvs_block_q5_K) : sizeof(kvs_block_q4_K);
     const size_t qs_off = five ? offsetof(kvs_block_q5_K, qs) : offsetof(kvs_block_q4_K, qs);
     const __m256i m4 = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
-    __m256 acc[4], ach[4], mac[4]; /* two FMA chains per row: the blocks' latency overlaps */
+    __m256 acc[2][4], mac[4]; /* two FMA chains per row (even and odd j), the min term */
     KVS_UNROLL
     for (int i = 0; i < R; i++)
-        acc[i] = ach[i] = mac[i] = _mm256_setzero_ps();
+        acc[0][i] = acc[1][i] = mac[i] = _mm256_setzero_ps();
     for (int sb = 0; sb < c->nb / 8; sb++) {
         const char *blk = row + (size_t)sb * sbb;
         if (R == 1)
@@ -1080,8 +1073,8 @@ KVS_INLINE void avx2_k4_row(int R, int five, const kq_ctx *c, const char *row, i
         for (int i = 0; i < R; i++) {
             const size_t xr = (size_t)(r + i) * c->nbp + 8 * (size_t)sb;
             f[i] = _mm256_mul_ps(sc, _mm256_loadu_ps(c->xd + xr));
-            mac[i] = _mm256_fmadd_ps(mn, _mm256_loadu_ps(c->xo + (size_t)(r + i) * 2 * c->nbp + 8 * (size_t)sb),
-                                     mac[i]);
+            const float *xo = c->xo + (size_t)(r + i) * 2 * c->nbp + 8 * (size_t)sb;
+            mac[i] = _mm256_fmadd_ps(mn, _mm256_loadu_ps(xo), mac[i]);
         }
         const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(blk + offsetof(kvs_block_q5_K, qh)))
                                 : _mm256_setzero_si256();
@@ -1101,17 +1094,17 @@ KVS_INLINE void avx2_k4_row(int R, int five, const kq_ctx *c, const char *row, i
                 const __m256i one = _mm256_set1_epi16(1);
                 const __m256i h = _mm256_hadd_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, q0), one),
                                                     _mm256_madd_epi16(_mm256_maddubs_epi16(hi, q1), one));
-                const __m256i idx = _mm256_setr_epi32(2 * j, 2 * j, 2 * j + 1, 2 * j + 1, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1);
-                if (j & 1)
-                    ach[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_permutevar8x32_ps(f[i], idx), ach[i]);
-                else
-                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_permutevar8x32_ps(f[i], idx), acc[i]);
+                const __m256i idx = _mm256_setr_epi32(2 * j, 2 * j, 2 * j + 1, 2 * j + 1, 2 * j,
+                                                      2 * j, 2 * j + 1, 2 * j + 1);
+                acc[j & 1][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h),
+                                                _mm256_permutevar8x32_ps(f[i], idx), acc[j & 1][i]);
             }
         }
     }
     KVS_UNROLL
     for (int i = 0; i < R; i++)
-        y[(size_t)(r + i) * c->n_out] = avx2_hsum(_mm256_add_ps(acc[i], ach[i])) + avx2_hsum(mac[i]);
+        y[(size_t)(r + i) * c->n_out] =
+            kvs_hsum256(_mm256_add_ps(acc[0][i], acc[1][i])) + kvs_hsum256(mac[i]);
 }
 
 /* y of R x rows from r (natural order) against one Q6_K row. */
@@ -1172,7 +1165,7 @@ KVS_INLINE void avx2_q6k_row(int R, const kq_ctx *c, const char *row, int r, flo
     }
     KVS_UNROLL
     for (int i = 0; i < R; i++)
-        y[(size_t)(r + i) * c->n_out] = avx2_hsum(_mm256_add_ps(acc[0][i], acc[1][i]));
+        y[(size_t)(r + i) * c->n_out] = kvs_hsum256(_mm256_add_ps(acc[0][i], acc[1][i]));
 }
 
 KVS_INLINE void avx2_row(int R, const kq_ctx *c, const char *row, int r, float *y)
