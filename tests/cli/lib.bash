@@ -38,3 +38,24 @@ convert_model() {
   "$KVS_BIN" convert "$MODELS/stories260K.bin" --tokenizer "$MODELS/tok512.bin" -o "$2" \
     --type "$1" 2>/dev/null
 }
+
+# free_ports N: sets $port to a base P such that P .. P+N-1 lie below the kernel's ephemeral
+# range (where no outgoing connection of this or a concurrent test is given a port; a random
+# port inside it once collided with one, "Address already in use") and nothing listens on
+# any of them now. Two concurrent tests could still draw the same base; the check narrows that.
+free_ports() {
+  local n=$1 lo=32768 try i busy
+  [ -r /proc/sys/net/ipv4/ip_local_port_range ] && read -r lo _ </proc/sys/net/ipv4/ip_local_port_range
+  [ "$lo" -gt 11024 ] || lo=32768 # a range starting low: use ports the default range leaves free
+  for try in $(seq 1 50); do
+    port=$((10000 + RANDOM % (lo - 10000 - n)))
+    busy=0
+    for ((i = 0; i < n; i++)); do
+      # a connection accepted means a listener: that port is taken
+      if (exec 3<>"/dev/tcp/127.0.0.1/$((port + i))") 2>/dev/null; then busy=1; break; fi
+    done
+    [ "$busy" -eq 0 ] && return 0
+  done
+  echo "free_ports: no $n free ports below $lo after 50 tries" >&2
+  return 1
+}

@@ -95,7 +95,7 @@ EOF
 fi
 
 # ---- the standalone roles print what mpc run prints ----
-port=$((20000 + RANDOM % 20000))
+free_ports 2 # the dealer, party 1
 for k in peer d0 d1; do
   if command -v openssl >/dev/null; then openssl rand -hex 32 >"$TMP/$k.key"
   else head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMP/$k.key"; fi

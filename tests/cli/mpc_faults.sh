@@ -113,7 +113,7 @@ roles() {
     --timeout 8 "${p0args[@]}"
   reap p0 p1 dealer
 }
-newport() { port=$((20000 + RANDOM % 20000)); }
+newport() { free_ports 3; } # dealer, party 1, the proxy
 
 # ---- 1. mpc run, the dealer killed mid-run ----
 ctag="$tag-run"
