@@ -1051,17 +1051,124 @@ static void f32_tiles(const mm_ctx *c, float *bp, int r0, int r1, int o0, int o1
                 else if (c->wt == KVS_F32)
                     for (int k = k0; k < k1; k++)
                         bp[(size_t)(k - k0) * 16 + j] = ((const float *)w)[k];
-                else /* F16 (attention's keys in prefill), BF16 */
+                else if (c->wt == KVS_F16) /* attention's keys in prefill; F16C, one at a time */
+                    for (int k = k0; k < k1; k++)
+                        bp[(size_t)(k - k0) * 16 + j] = _cvtsh_ss(((const uint16_t *)w)[k]);
+                else
                     for (int k = k0; k < k1; k++)
                         bp[(size_t)(k - k0) * 16 + j] =
-                            c->wt == KVS_F16 ? kvs_fp16_to_fp32_scalar(((const uint16_t *)w)[k])
-                                             : kvs_bf16_to_fp32_scalar(((const uint16_t *)w)[k]);
+                            kvs_bf16_to_fp32_scalar(((const uint16_t *)w)[k]);
             }
             for (int r = r0; r < r1; r += F2_R) {
                 const int R = r1 - r < F2_R ? r1 - r : F2_R;
                 f2_table[R - 1](k1 - k0, c->x + (size_t)r * K + k0, K, bp,
                                 c->y + (size_t)r * c->n_out + o, c->n_out, nc, q > 0);
             }
+        }
+    }
+}
+
+/* Q8_0 prefill: NC weight rows (o, o + 1) against R x rows (r ..) in registers, so that each
+ * weight load feeds R products and each x load NC; per pair and block the arithmetic of
+ * q8_block_avx2. The pairs' scales dw * xd come 8 blocks at a time from one multiply each, stored
+ * to sc and broadcast from there (a load, where q8_block_avx2 spends a permute). dw holds the
+ * NC rows' scales as fp32, zero-padded to nbp like xd. */
+KVS_INLINE void q8_tile_avx2(int R, int NC, const mm_ctx *c, const float *dw, int o, int r)
+{
+    const kvs_block_q8_0 *blk[2];
+    const int8_t *xq[4];
+    const float *xd[4];
+    KVS_UNROLL
+    for (int j = 0; j < NC; j++)
+        blk[j] = (const kvs_block_q8_0 *)(c->w + (size_t)(o + j) * c->row_bytes);
+    KVS_UNROLL
+    for (int i = 0; i < R; i++) {
+        xq[i] = c->xq + (size_t)(r + i) * c->nbp * KVS_QK;
+        xd[i] = c->xd + (size_t)(r + i) * c->nbp;
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4][2];
+    KVS_UNROLL
+    for (int i = 0; i < R; i++)
+        KVS_UNROLL
+        for (int j = 0; j < NC; j++)
+            acc[i][j] = _mm256_setzero_ps();
+    float sc[4][2][8];
+    for (int b0 = 0; b0 < c->nb; b0 += 8) {
+        KVS_UNROLL
+        for (int j = 0; j < NC; j++) {
+            const __m256 d = _mm256_loadu_ps(dw + (size_t)j * c->nbp + b0);
+            KVS_UNROLL
+            for (int i = 0; i < R; i++)
+                _mm256_storeu_ps(sc[i][j], _mm256_mul_ps(d, _mm256_loadu_ps(xd[i] + b0)));
+        }
+        const int ng = c->nb - b0 < 8 ? c->nb - b0 : 8;
+        for (int g = 0; g < ng; g++) {
+            const int b = b0 + g;
+            __m256i w[2], aw[2];
+            KVS_UNROLL
+            for (int j = 0; j < NC; j++) {
+                w[j] = _mm256_loadu_si256((const __m256i *)blk[j][b].qs);
+                aw[j] = _mm256_sign_epi8(w[j], w[j]);
+            }
+            KVS_UNROLL
+            for (int i = 0; i < R; i++) {
+                const __m256i x = _mm256_loadu_si256((const __m256i *)(xq[i] + (size_t)b * KVS_QK));
+                KVS_UNROLL
+                for (int j = 0; j < NC; j++) {
+                    const __m256i p16 = _mm256_maddubs_epi16(aw[j], _mm256_sign_epi8(x, w[j]));
+                    const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+                    acc[i][j] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&sc[i][j][g]), acc[i][j]);
+                }
+            }
+        }
+    }
+    KVS_UNROLL
+    for (int i = 0; i < R; i++)
+        KVS_UNROLL
+        for (int j = 0; j < NC; j++)
+            c->y[(size_t)(r + i) * c->n_out + o + j] = kvs_hsum256(acc[i][j]);
+}
+
+/* One tile of nr (1..4) x rows against nc (1 or 2) weight rows. */
+static void q8_group_avx2(const mm_ctx *c, const float *dw, int o, int nc, int r, int nr)
+{
+    switch (4 * (nc - 1) + nr) {
+    case 1: q8_tile_avx2(1, 1, c, dw, o, r); break;
+    case 2: q8_tile_avx2(2, 1, c, dw, o, r); break;
+    case 3: q8_tile_avx2(3, 1, c, dw, o, r); break;
+    case 4: q8_tile_avx2(4, 1, c, dw, o, r); break;
+    case 5: q8_tile_avx2(1, 2, c, dw, o, r); break;
+    case 6: q8_tile_avx2(2, 2, c, dw, o, r); break;
+    case 7: q8_tile_avx2(3, 2, c, dw, o, r); break;
+    default: q8_tile_avx2(4, 2, c, dw, o, r); break;
+    }
+}
+
+/* Q8_0 with many x rows: blocks of x rows of up to 256 KiB of 8-bit x (they stay in L2 while
+ * the thread's weight rows stream past once per block), and within one, each pair of weight
+ * rows (scales converted once into dw) against every group of 4 of them. bench_matmul, 2
+ * threads, best of 15: blocks of 128-512 rows 140-147 GFLOP/s, of 16-64 rows 114-147, the
+ * 64-row blocks of one weight row (q8_avx2) 91-127. */
+#define Q8_TILE_MIN_ROWS 8 /* fewer x rows (decode, short chunks) take q8_avx2 */
+#define Q8_TILE_X_BYTES (256 * 1024)
+static void q8_tiles(const mm_ctx *c, float *dw, int r0, int r1, int o0, int o1)
+{
+    int rb = Q8_TILE_X_BYTES / (c->nbp * KVS_QK);
+    rb = rb < 4 ? 4 : rb & ~3;
+    for (int r = r0; r < r1; r += rb) {
+        const int re = r1 - r < rb ? r1 : r + rb;
+        for (int o = o0; o < o1; o += 2) {
+            const int nc = o1 - o < 2 ? 1 : 2;
+            for (int j = 0; j < nc; j++) {
+                const kvs_block_q8_0 *blk =
+                    (const kvs_block_q8_0 *)(c->w + (size_t)(o + j) * c->row_bytes);
+                float *d = dw + (size_t)j * c->nbp;
+                for (int b = 0; b < c->nbp; b++)
+                    d[b] = b < c->nb ? _cvtsh_ss(blk[b].d) : 0.0f;
+            }
+            for (int i = r; i < re; i += 4)
+                q8_group_avx2(c, dw, o, nc, i, re - i < 4 ? re - i : 4);
         }
     }
 }
@@ -1089,7 +1196,10 @@ static void portable_rows(const mm_ctx *c, char *scratch, int r0, int r1, int o0
     float *wrow = (float *)scratch;
 #if KVS_AVX2
     if (c->wt == KVS_Q8_0) {
-        q8_avx2(c, r0, r1, o0, o1);
+        if (r1 - r0 >= Q8_TILE_MIN_ROWS)
+            q8_tiles(c, wrow, r0, r1, o0, o1);
+        else
+            q8_avx2(c, r0, r1, o0, o1);
         return;
     }
     /* F32 with one x row (decode) stays on the per-row dots below: this kernel streamed the
