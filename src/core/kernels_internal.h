@@ -62,10 +62,11 @@
 #define KVS_PREFETCH_AHEAD(p, bytes) ((void)0)
 #endif
 
-/* The loop of the AVX2 products (kernels_matmul.c's Q8_0, matmul_kq.c's K-quants) over their
- * x rows r0..r1 and weight rows o0..o1: blocks of 64 x rows, whose quantised x stays in L2
- * while the weight rows pass over it; in each, every weight row (a few KiB, read from L1 after
- * the first group) against groups of up to 4 x rows: KERNEL(R, c, row, r, y + o) for R 1..4. */
+/* The loop of the AVX2 products (kernels_matmul.c's Q8_0 below Q8_TILE_MIN_ROWS x rows,
+ * matmul_kq.c's K-quants) over their x rows r0..r1 and weight rows o0..o1: blocks of 64 x
+ * rows, whose quantised x stays in L2 while the weight rows pass over it; in each, every
+ * weight row (a few KiB, read from L1 after the first group) against groups of up to 4 x rows:
+ * KERNEL(R, c, row, r, y + o) for R 1..4. */
 #define KVS_AVX2_ROW_BLOCKS(c, r0, r1, o0, o1, KERNEL)                                          \
     for (int kvs_rb_ = (r0); kvs_rb_ < (r1); kvs_rb_ += 64) {                                   \
         const int kvs_re_ = (r1) - kvs_rb_ < 64 ? (r1) : kvs_rb_ + 64;                          \

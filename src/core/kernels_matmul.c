@@ -769,8 +769,8 @@ static void tile_q(const mm_ctx *c, char *scratch, int r0, int r1, int o0, int o
 #endif /* KVS_AVX512 */
 
 /* ========================================================================================== */
-/* Portable (scalar / AVX2) kernels: one weight row at a time against every x row.            */
-
+/* Portable (scalar / AVX2) kernels: one weight row at a time against every x row, but for    */
+/* AVX2's register tiles (F32 and Q8_0 prefill).                                              */
 
 #if !KVS_AVX2
 /* Integer dot of one weight block with one x block: sum_j w_j * q_j. */
@@ -845,10 +845,18 @@ static float dot_row_q(const mm_ctx *c, const char *row, int r)
  * so that each load feeds several FMA and the FMA chains overlap. Per weight row and x row they
  * read what portable_rows' per-pair dots read, in the same block order. */
 
-/* Q8_0: per block |w| times sign(x, w) with VPMADDUBSW (pairs below 2 * 128 * 127: no
- * saturation), VPMADDWD by ones, and one FMA by d xd; the blocks' fp16 scales are converted 8
- * at a time (F16C) and multiplied by the x rows' xd (zero-padded to nbp). Two FMA chains per x
- * row (even and odd blocks). */
+/* One Q8_0 block w (aw = |w|) against one x block: lane i holds the exact sum of w q over
+ * elements 4 i .. 4 i + 3, as fp32. |w| times sign(x, w) with VPMADDUBSW (pairs below
+ * 2 * 128 * 127: no saturation), then VPMADDWD by ones. */
+KVS_INLINE __m256 q8_lane_sums(__m256i w, __m256i aw, __m256i x)
+{
+    const __m256i p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+}
+
+/* Q8_0 decode: per block the lane sums and one FMA by d xd; the blocks' fp16 scales are
+ * converted 8 at a time (F16C) and multiplied by the x rows' xd (zero-padded to nbp). Two FMA
+ * chains per x row (even and odd blocks). */
 KVS_INLINE void q8_block_avx2(int R, const mm_ctx *c, const kvs_block_q8_0 *k, int r, int b,
                               const __m256 *f, int lane, __m256 *acc)
 {
@@ -861,9 +869,8 @@ KVS_INLINE void q8_block_avx2(int R, const mm_ctx *c, const kvs_block_q8_0 *k, i
     for (int i = 0; i < R; i++) {
         const __m256i x =
             _mm256_loadu_si256((const __m256i *)(c->xq + ((size_t)(r + i) * c->nbp + b) * KVS_QK));
-        const __m256i p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
-        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
-        acc[i] = _mm256_fmadd_ps(p, _mm256_permutevar8x32_ps(f[i], idx), acc[i]);
+        acc[i] = _mm256_fmadd_ps(q8_lane_sums(w, aw, x), _mm256_permutevar8x32_ps(f[i], idx),
+                                 acc[i]);
     }
 }
 
@@ -1069,8 +1076,8 @@ static void f32_tiles(const mm_ctx *c, float *bp, int r0, int r1, int o0, int o1
 }
 
 /* Q8_0 prefill: NC weight rows (o, o + 1) against R x rows (r ..) in registers, so that each
- * weight load feeds R products and each x load NC; per pair and block the arithmetic of
- * q8_block_avx2. The pairs' scales dw * xd come 8 blocks at a time from one multiply each, stored
+ * weight load feeds R products and each x load NC; per pair and block q8_lane_sums and one
+ * FMA, as in q8_block_avx2. The pairs' scales dw * xd come 8 blocks at a time from one multiply each, stored
  * to sc and broadcast from there (a load, where q8_block_avx2 spends a permute). dw holds the
  * NC rows' scales as fp32, zero-padded to nbp like xd. */
 KVS_INLINE void q8_tile_avx2(int R, int NC, const mm_ctx *c, const float *dw, int o, int r)
@@ -1086,7 +1093,6 @@ KVS_INLINE void q8_tile_avx2(int R, int NC, const mm_ctx *c, const float *dw, in
         xq[i] = c->xq + (size_t)(r + i) * c->nbp * KVS_QK;
         xd[i] = c->xd + (size_t)(r + i) * c->nbp;
     }
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4][2];
     KVS_UNROLL
     for (int i = 0; i < R; i++)
@@ -1115,11 +1121,9 @@ KVS_INLINE void q8_tile_avx2(int R, int NC, const mm_ctx *c, const float *dw, in
             for (int i = 0; i < R; i++) {
                 const __m256i x = _mm256_loadu_si256((const __m256i *)(xq[i] + (size_t)b * KVS_QK));
                 KVS_UNROLL
-                for (int j = 0; j < NC; j++) {
-                    const __m256i p16 = _mm256_maddubs_epi16(aw[j], _mm256_sign_epi8(x, w[j]));
-                    const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-                    acc[i][j] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&sc[i][j][g]), acc[i][j]);
-                }
+                for (int j = 0; j < NC; j++)
+                    acc[i][j] = _mm256_fmadd_ps(q8_lane_sums(w[j], aw[j], x),
+                                                _mm256_broadcast_ss(&sc[i][j][g]), acc[i][j]);
             }
         }
     }
