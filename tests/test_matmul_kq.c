@@ -2,8 +2,9 @@
  * For random weights and activations (zero rows, a row with one huge value, negative values),
  * several shapes and 1 / 2 / 3 threads:
  *  (a) the fast paths (gemv for few rows, tiles for many) against the scalar reference
- *      kvs_matmul_kq_ref, within fp32 summation order;
- *  (b) the reference and the fast paths against the exact fp32 product with the dequantised
+ *      kvs_matmul_kq_ref, within fp32 summation order; the AVX2 path of Q4_K / Q5_K / Q6_K
+ *      (x block scales on the super-block's grid) against kvs_matmul_kq_ref_sb;
+ *  (b) the references and the fast paths against the exact fp32 product with the dequantised
  *      weights, within the rigorous bound of the activation rounding: sum |w_i| xd_b / 2;
  *  (c) kvs_matmul routes these types here (same results as the reference).
  * Plus the type predicate, the refusal of other types, and a corrupted weight that must be
@@ -96,6 +97,57 @@ static int count_bad(const float *y, const float *yr, const double *ye, const do
     return bad;
 }
 
+/* The quantisation bounds of one case's outputs: sum |w_i| xd_b / 2 with xd_b the scale of x
+ * block b, amax_b / 127 (grid = 0), or on its super-block's grid as matmul_kq.h defines it
+ * (grid = 1: D = max amax / 127, k_b = ceil(128 amax_b / max amax) in 1..128, xd_b = D k_b /
+ * 128), plus the summation-order term. */
+static void bounds(const float *x, const float *wf, const double *sabs, int n_rows, int n_in,
+                   int n_out, int grid, double *tol_b)
+{
+    const int nb = n_in / 32;
+    float *am = malloc(sizeof(float) * (size_t)nb), *xd = malloc(sizeof(float) * (size_t)nb);
+    if (!am || !xd) {
+        CHECK(0);
+        free(am), free(xd);
+        return;
+    }
+    for (int r = 0; r < n_rows; r++) {
+        const float *xr = x + (size_t)r * n_in;
+        for (int b = 0; b < nb; b++) {
+            am[b] = 0.0f;
+            for (int i = 0; i < 32; i++)
+                am[b] = fmaxf(am[b], fabsf(xr[32 * b + i]));
+            xd[b] = am[b] / 127.0f;
+        }
+        for (int sb = 0; grid && sb < nb / 8; sb++) {
+            float m = 0.0f;
+            for (int p = 0; p < 8; p++)
+                m = fmaxf(m, am[8 * sb + p]);
+            for (int p = 0; p < 8; p++) {
+                const float k = m > 0.0f ? fminf(fmaxf(ceilf(am[8 * sb + p] * 128.0f / m), 1.0f), 128.0f) : 1.0f;
+                xd[8 * sb + p] = m / 127.0f * k / 128.0f;
+            }
+        }
+        for (int o = 0; o < n_out; o++) {
+            const float *wr = wf + (size_t)o * n_in;
+            double qerr = 0;
+            for (int k = 0; k < n_in; k++)
+                qerr += fabs((double)wr[k]) * xd[k / 32] * 0.5;
+            const size_t i = (size_t)r * n_out + o;
+            tol_b[i] = qerr * 1.01 + 1e-5 * sabs[i] + 1e-6;
+        }
+    }
+    free(am), free(xd);
+}
+
+/* How many of y are off the reference yr (tol_a) or the exact product (tol_b); -1 when the
+ * call failed. */
+static int run_bad(kvs_status s, const float *y, const float *yr, const double *ye,
+                   const double *tol_a, const double *tol_b, size_t n, kq_state *st)
+{
+    return s == KVS_OK ? count_bad(y, yr, ye, tol_a, tol_b, n, st) : -1;
+}
+
 static void check_case(kq_state *st, kvs_dtype t, int n_rows, int n_in, int n_out)
 {
     uint64_t rb = 0;
@@ -103,15 +155,16 @@ static void check_case(kq_state *st, kvs_dtype t, int n_rows, int n_in, int n_ou
         CHECKF(0, "bad shape %s %d", kvs_dtype_name(t), n_in);
         return;
     }
+    const int super = t == KVS_Q4_K || t == KVS_Q5_K || t == KVS_Q6_K;
     const size_t ny = (size_t)n_rows * n_out;
     char *w = malloc(rb * (size_t)n_out);
     float *x = malloc(sizeof(float) * (size_t)n_rows * n_in);
     float *wf = malloc(sizeof(float) * (size_t)n_out * n_in);
-    float *yr = malloc(sizeof(float) * ny), *y = malloc(sizeof(float) * ny);
+    float *yr = malloc(sizeof(float) * ny), *ys = malloc(sizeof(float) * ny), *y = malloc(sizeof(float) * ny);
     double *ye = malloc(sizeof(double) * ny), *tol_a = malloc(sizeof(double) * ny);
-    double *tol_b = malloc(sizeof(double) * ny);
-    float *xd = malloc(sizeof(float) * (size_t)(n_in / 32));
-    if (!w || !x || !wf || !yr || !y || !ye || !tol_a || !tol_b || !xd) {
+    double *tol_b = malloc(sizeof(double) * ny), *tol_s = malloc(sizeof(double) * ny);
+    double *sabs = calloc(ny, sizeof(double));
+    if (!w || !x || !wf || !yr || !ys || !y || !ye || !tol_a || !tol_b || !tol_s || !sabs) {
         CHECK(0);
         goto out;
     }
@@ -121,49 +174,52 @@ static void check_case(kq_state *st, kvs_dtype t, int n_rows, int n_in, int n_ou
     for (int o = 0; o < n_out; o++)
         kvs_dequantize_row_ref(t, w + (size_t)o * rb, wf + (size_t)o * n_in, n_in);
     kvs_matmul_kq_ref(yr, x, w, t, n_rows, n_in, n_out);
+    if (super)
+        kvs_matmul_kq_ref_sb(ys, x, w, t, n_rows, n_in, n_out);
     for (int r = 0; r < n_rows; r++) {
         const float *xr = x + (size_t)r * n_in;
-        for (int b = 0; b < n_in / 32; b++) { /* the x block scales, as the quantiser's */
-            float amax = 0.0f;
-            for (int i = 0; i < 32; i++)
-                amax = fmaxf(amax, fabsf(xr[32 * b + i]));
-            xd[b] = amax / 127.0f;
-        }
         for (int o = 0; o < n_out; o++) {
             const float *wr = wf + (size_t)o * n_in;
             /* Q4_1 / Q5_1 sum the two terms d u x and m x separately (in fp32), which may cancel:
              * the summation-order errors scale with |d u x| + |m x| <= (|w| + 2 |m|) |x| */
             const int has_min = t == KVS_Q4_1 || t == KVS_Q5_1;
             const size_t bb = kvs_dtype_block_bytes(t);
-            double exact = 0, sabs = 0, qerr = 0;
+            double exact = 0, sa = 0;
             for (int k = 0; k < n_in; k++) {
                 exact += (double)xr[k] * wr[k];
-                sabs += fabs((double)xr[k] * wr[k]);
-                qerr += fabs((double)wr[k]) * xd[k / 32] * 0.5;
+                sa += fabs((double)xr[k] * wr[k]);
                 if (has_min) {
                     uint16_t m;
                     memcpy(&m, w + (size_t)o * rb + (size_t)(k / 32) * bb + 2, 2);
-                    sabs += 2.0 * fabs((double)kvs_fp16_to_fp32(m) * xr[k]);
+                    sa += 2.0 * fabs((double)kvs_fp16_to_fp32(m) * xr[k]);
                 }
             }
             const size_t i = (size_t)r * n_out + o;
             ye[i] = exact;
-            tol_a[i] = 1e-5 * sabs + 1e-6;
-            tol_b[i] = qerr * 1.01 + 1e-5 * sabs + 1e-6;
+            sabs[i] = sa;
+            tol_a[i] = 1e-5 * sa + 1e-6;
         }
     }
-    /* the reference itself obeys the quantisation bound */
+    bounds(x, wf, sabs, n_rows, n_in, n_out, 0, tol_b);
+    if (super)
+        bounds(x, wf, sabs, n_rows, n_in, n_out, 1, tol_s);
+    /* the references themselves obey their quantisation bounds */
     int ref_bad = 0;
     for (size_t i = 0; i < ny; i++)
-        if (!(fabs((double)yr[i] - ye[i]) <= tol_b[i]))
+        if (!(fabs((double)yr[i] - ye[i]) <= tol_b[i]) || (super && !(fabs((double)ys[i] - ye[i]) <= tol_s[i])))
             ref_bad++;
     CHECKF(ref_bad == 0, "ref %s rows=%d in=%d out=%d: %d outputs off the exact product",
            kvs_dtype_name(t), n_rows, n_in, n_out, ref_bad);
+    /* kvs_matmul_kq has the arithmetic of the reference of its x group in this build */
+    const int by_sb = kvs_matmul_kq_on_grid(t);
+    CHECK(!by_sb || super);
+    const float *yd = by_sb ? ys : yr;
+    const double *tol_d = by_sb ? tol_s : tol_b;
     for (int p = 0; p < 4; p++) {
         for (size_t i = 0; i < ny; i++)
             y[i] = NAN;
         const kvs_status s = kvs_matmul_kq(st->pools[p], y, x, w, t, n_rows, n_in, n_out);
-        const int bad = s == KVS_OK ? count_bad(y, yr, ye, tol_a, tol_b, ny, st) : -1;
+        const int bad = run_bad(s, y, yd, ye, tol_a, tol_d, ny, st);
         CHECKF(bad == 0, "kq %s rows=%d in=%d out=%d threads=%d: %d bad", kvs_dtype_name(t),
                n_rows, n_in, n_out, p, bad);
         st->cases++;
@@ -175,11 +231,10 @@ static void check_case(kq_state *st, kvs_dtype t, int n_rows, int n_in, int n_ou
             y[i] = NAN;
         const kvs_status s = kvs_matmul_kq_avx2(st->pools[p], y, x, w, t, n_rows, n_in, n_out);
         if (s == KVS_ERR_UNSUPPORTED) {
-            CHECKF(!KVS_TEST_AVX2 || (t != KVS_Q4_K && t != KVS_Q5_K && t != KVS_Q6_K),
-                   "kq avx2 %s: refused", kvs_dtype_name(t));
+            CHECKF(!KVS_TEST_AVX2 || !super, "kq avx2 %s: refused", kvs_dtype_name(t));
             break;
         }
-        const int bad = s == KVS_OK ? count_bad(y, yr, ye, tol_a, tol_b, ny, st) : -1;
+        const int bad = run_bad(s, y, ys, ye, tol_a, tol_s, ny, st);
         CHECKF(bad == 0, "kq avx2 %s rows=%d in=%d out=%d threads=%d: %d bad", kvs_dtype_name(t),
                n_rows, n_in, n_out, p, bad);
         st->cases++;
@@ -191,12 +246,50 @@ static void check_case(kq_state *st, kvs_dtype t, int n_rows, int n_in, int n_ou
         y[i] = NAN;
     {
         const kvs_status s = kvs_matmul(st->pools[2], y, x, w, t, n_rows, n_in, n_out);
-        const int bad = s == KVS_OK ? count_bad(y, yr, ye, tol_a, tol_b, ny, st) : -1;
+        const int bad = run_bad(s, y, yd, ye, tol_a, tol_d, ny, st);
         CHECKF(bad == 0, "kvs_matmul %s rows=%d in=%d out=%d: %d bad", kvs_dtype_name(t), n_rows,
                n_in, n_out, bad);
     }
 out:
-    free(w), free(x), free(wf), free(yr), free(y), free(ye), free(tol_a), free(tol_b), free(xd);
+    free(w), free(x), free(wf), free(yr), free(ys), free(y), free(ye), free(tol_a), free(tol_b);
+    free(tol_s), free(sabs);
+}
+
+/* kvs_matmul_kq_ref_sb's grid, worked by hand: x[0] = 1e4 makes D = 1e4 / 127 (k_0 = 128), so
+ * a block of 1.0 in the same super-block gets k = ceil(128 / 1e4) = 1, xd = D / 128 and q =
+ * rint(127 * 128 / 1e4) = 2: it counts as 2 D / 128 = 1.2303 each; in the next super-block
+ * (its own D = 1 / 127) as 1.0, and in kvs_matmul_kq_ref (blocks of 32) as 1.0 everywhere. */
+static void test_sb_grid(void)
+{
+    const kvs_dtype super[] = {KVS_Q4_K, KVS_Q5_K, KVS_Q6_K};
+    for (size_t t = 0; t < 3; t++) {
+        uint64_t rb = 0;
+        CHECK(kvs_dtype_bytes(super[t], 512, &rb) == 0);
+        char *w = malloc(rb);
+        static float x[512], wf[512];
+        random_blocks(super[t], w, 512);
+        kvs_dequantize_row_ref(super[t], w, wf, 512);
+        memset(x, 0, sizeof x);
+        x[0] = 1.0e4f;
+        for (int i = 32; i < 64; i++)
+            x[i] = 1.0f;
+        for (int i = 256; i < 288; i++)
+            x[i] = 1.0f;
+        const double dd = 1.0e4f / 127.0f, v = 2.0 * (float)(dd * (1.0 / 128.0));
+        double e_sb = (double)wf[0] * 127.0 * dd, e_32 = (double)wf[0] * 1.0e4, sabs = fabs(e_32);
+        for (int i = 32; i < 64; i++)
+            e_sb += v * wf[i], e_32 += wf[i], sabs += fabs(v * wf[i]);
+        for (int i = 256; i < 288; i++)
+            e_sb += (double)wf[i], e_32 += wf[i], sabs += fabs(wf[i]);
+        float ys, yr;
+        kvs_matmul_kq_ref_sb(&ys, x, w, super[t], 1, 512, 1);
+        kvs_matmul_kq_ref(&yr, x, w, super[t], 1, 512, 1);
+        const double tol = 1e-5 * sabs + 1e-6;
+        CHECKF(fabs(ys - e_sb) <= tol && fabs(yr - e_32) <= tol && fabs(e_sb - e_32) > 100 * tol,
+               "%s: ref_sb %.9g (by hand %.9g), ref %.9g (%.9g)", kvs_dtype_name(super[t]), ys, e_sb,
+               yr, e_32);
+        free(w);
+    }
 }
 
 static void test_shapes(kq_state *st)
@@ -293,6 +386,7 @@ int main(void)
     CHECK(st.pools[1] && st.pools[2] && st.pools[3]);
     test_types(st.pools[2]);
     test_detects_errors();
+    test_sb_grid();
     test_shapes(&st);
     printf("matmul_kq: %d cases (%d on the AVX2 path), %d bad; worst err / tolerance: vs "
            "reference %.3g, vs exact %.3g\n",

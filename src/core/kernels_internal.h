@@ -117,26 +117,27 @@ static inline __attribute__((always_inline)) float kvs_hsum256(__m256 v)
     return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
 }
 
-/* A block of 32 activations quantised as the scalar quantisers do (d = amax / 127, q =
- * rint(x / d) through the reciprocal; cvtps rounds to nearest even, as rintf): q[0..31], *d, and
- * the sums of q over each half of 16. */
-static inline __attribute__((always_inline)) void kvs_quant32_avx2(const float *x, int8_t *q,
-                                                                   float *d, int32_t *s16)
+/* The largest |x_i| of x[0..n-1], n a multiple of 8. */
+static inline __attribute__((always_inline)) float kvs_amax_avx2(const float *x, int n)
 {
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 v[4], m = _mm256_setzero_ps();
-    for (int j = 0; j < 4; j++) {
-        v[j] = _mm256_loadu_ps(x + 8 * j);
-        m = _mm256_max_ps(m, _mm256_and_ps(v[j], abs_mask));
-    }
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < n; j += 8)
+        m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + j), abs_mask));
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-    const float db = amax / 127.0f;
-    const __m256 vid = _mm256_set1_ps(db != 0.0f ? 1.0f / db : 0.0f);
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+
+/* 32 activations times the reciprocal id of their scale, rounded (cvtps rounds to nearest
+ * even, as rintf): q[0..31] and the sums of q over each half of 16. */
+static inline __attribute__((always_inline)) void kvs_quant32_id_avx2(const float *x, float id,
+                                                                      int8_t *q, int32_t *s16)
+{
+    const __m256 vid = _mm256_set1_ps(id);
     __m256i iv[4];
     for (int j = 0; j < 4; j++)
-        iv[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], vid));
+        iv[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * j), vid));
     /* the packs interleave 128-bit lanes: dwords 0 4 1 5 2 6 3 7 put them back in order */
     const __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]),
                                           _mm256_packs_epi32(iv[2], iv[3]));
@@ -148,6 +149,15 @@ static inline __attribute__((always_inline)) void kvs_quant32_avx2(const float *
         t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
         s16[half] = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1)));
     }
+}
+
+/* A block of 32 activations quantised as the scalar quantisers do (d = amax / 127, q =
+ * rint(x / d) through the reciprocal): q[0..31], *d, and the sums of q over each half of 16. */
+static inline __attribute__((always_inline)) void kvs_quant32_avx2(const float *x, int8_t *q,
+                                                                   float *d, int32_t *s16)
+{
+    const float db = kvs_amax_avx2(x, 32) / 127.0f;
+    kvs_quant32_id_avx2(x, db != 0.0f ? 1.0f / db : 0.0f, q, s16);
     *d = db;
 }
 #endif

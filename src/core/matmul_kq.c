@@ -18,7 +18,8 @@
  * rounding only (bounded by sum |w| xd / 2), as llama.cpp's CPU kernels do (which use one x
  * scale per 256 for the K-quants, where this uses one per 32).
  *
- * Paths (AVX-512 VNNI; without it the reference's scalar block dots, on x quantised once):
+ * Paths (AVX-512 VNNI; without it, Q4_K / Q5_K / Q6_K on AVX2 (below, on kvs_matmul_kq_ref_sb's
+ * x), the other types the reference's scalar block dots on x quantised once):
  *  - gemv (n_rows < KQ_TILE_MIN_ROWS, decode): each weight row is streamed once, one K-quant
  *    super-block (256 elements) at a time, unpacked into four 64-byte vectors of u with no byte
  *    moved: Q4_K's low nibbles of qs[0..63] are elements 0..31 and 64..95, the high nibbles
@@ -98,6 +99,9 @@ int kvs_kq_type(kvs_dtype t)
     return 0;
 }
 
+/* The K-quants with 256-element super-blocks (the types the AVX2 path takes). */
+static int k_super_type(kvs_dtype wt) { return wt == KVS_Q4_K || wt == KVS_Q5_K || wt == KVS_Q6_K; }
+
 /* The block-of-32 types (IQ4_NL, Q4_1, Q5_0, Q5_1), and their byte offsets in a block. */
 static int b32_type(kvs_dtype wt)
 {
@@ -115,17 +119,27 @@ static int b32_qh_off(kvs_dtype wt) { return wt == KVS_Q5_0 ? 2 : 4; } /* Q5_0 /
 /* Scalar block arithmetic (the reference, and the portable path)                             */
 
 
-/* x block of 32 -> q, xd (amax / 127, q = rint(x / xd) through the reciprocal). */
-static void quant_block_scalar(const float *x, int8_t *q, float *xd)
+static float amax32(const float *x)
 {
     float amax = 0.0f;
     for (int i = 0; i < 32; i++)
         amax = fmaxf(amax, fabsf(x[i]));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    return amax;
+}
+
+/* x[0..31] -> q = rint(x / xd) through the reciprocal. */
+static void quant_with(const float *x, float xd, int8_t *q)
+{
+    const float id = xd != 0.0f ? 1.0f / xd : 0.0f;
     for (int i = 0; i < 32; i++)
         q[i] = (int8_t)rintf(x[i] * id);
-    *xd = d;
+}
+
+/* x block of 32 -> q, xd = amax / 127. */
+static void quant_block32(const float *x, int8_t *q, float *xd)
+{
+    *xd = amax32(x) / 127.0f;
+    quant_with(x, *xd, q);
 }
 
 /* Q4_K / Q5_K 6-bit scale and min of sub-block s (0..7), packed as dtype.h describes. */
@@ -276,24 +290,68 @@ static size_t kq_row_bytes(kvs_dtype wt, int n_in)
     return (size_t)n_in / (b32_type(wt) ? 32 : 256) * sb_bytes(wt);
 }
 
+/* The scales of one super-block's 8 x blocks from their amax: D = max amax / 127, k_b =
+ * ceil(128 amax_b / max amax) in 1..128, xd_b = D k_b / 128 (kvs_matmul_kq_ref_sb). */
+static void sb_scales(const float *amax, int *k, float *xd, float *d)
+{
+    float m = 0.0f;
+    for (int p = 0; p < 8; p++)
+        m = fmaxf(m, amax[p]);
+    const float dd = m / 127.0f;
+    for (int p = 0; p < 8; p++) {
+        const float kf = m > 0.0f ? ceilf(amax[p] * 128.0f / m) : 1.0f;
+        k[p] = kf < 1.0f ? 1 : kf > 128.0f ? 128 : (int)kf;
+        xd[p] = dd * (float)k[p] * (1.0f / 128.0f);
+    }
+    *d = dd;
+}
+
+/* The references: x quantised per block of 32, on its own (sb_grid = 0) or on its super-block's
+ * grid (sb_scales); the blocks in order for every output. */
+static void matmul_ref(float *y, const float *x, const void *w, kvs_dtype wt, int n_rows,
+                       int n_in, int n_out, int sb_grid)
+{
+    const size_t rb = kq_row_bytes(wt, n_in);
+    for (int r = 0; r < n_rows; r++) {
+        const float *xr = x + (size_t)r * n_in;
+        float *yr = y + (size_t)r * n_out;
+        float xdb[8] = {0};
+        for (int o = 0; o < n_out; o++)
+            yr[o] = 0.0f;
+        for (int b = 0; b < n_in / 32; b++) {
+            int8_t q[32];
+            float xd;
+            if (sb_grid) {
+                if (b % 8 == 0) {
+                    float am[8], dd;
+                    int k[8];
+                    for (int p = 0; p < 8; p++)
+                        am[p] = amax32(xr + 32 * (b + p));
+                    sb_scales(am, k, xdb, &dd);
+                }
+                xd = xdb[b % 8];
+                quant_with(xr + 32 * b, xd, q);
+            } else {
+                quant_block32(xr + 32 * b, q, &xd);
+            }
+            for (int o = 0; o < n_out; o++)
+                yr[o] += block_dot(wt, (const char *)w + (size_t)o * rb, b, q, xd);
+        }
+    }
+}
+
 void kvs_matmul_kq_ref(float *y, const float *x, const void *w, kvs_dtype wt, int n_rows,
                        int n_in, int n_out)
 {
-    if (!kvs_kq_type(wt))
-        return;
-    const size_t rb = kq_row_bytes(wt, n_in);
-    for (int r = 0; r < n_rows; r++)
-        for (int o = 0; o < n_out; o++) {
-            const char *row = (const char *)w + (size_t)o * rb;
-            float acc = 0.0f;
-            for (int b = 0; b < n_in / 32; b++) {
-                int8_t q[32];
-                float xd;
-                quant_block_scalar(x + (size_t)r * n_in + 32 * b, q, &xd);
-                acc += block_dot(wt, row, b, q, xd);
-            }
-            y[(size_t)r * n_out + o] = acc;
-        }
+    if (kvs_kq_type(wt))
+        matmul_ref(y, x, w, wt, n_rows, n_in, n_out, 0);
+}
+
+void kvs_matmul_kq_ref_sb(float *y, const float *x, const void *w, kvs_dtype wt, int n_rows,
+                          int n_in, int n_out)
+{
+    if (k_super_type(wt))
+        matmul_ref(y, x, w, wt, n_rows, n_in, n_out, 1);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -318,6 +376,9 @@ typedef struct {
     int32_t *xi; /* 2 * nbp integer x-sum terms (tile Q6_K / IQ4_NL / Q5_0) */
     float *xl;  /* 2 * nbp: gemv K-quants, per super-block 16 lanes of xd (fill_x_row) */
     int32_t *xb; /* 8 * nbp: gemv Q6_K / IQ4_NL / Q5_0, per lane (4 bytes of xq) -off sum(q) */
+    /* AVX2 (x blocks on their super-block's grid, kvs_matmul_kq_ref_sb): xd[sb] = D / 128, */
+    int16_t *xk; /* 2 * nbp: per super-block k_0..7, 8 zeros (Q6_K: k_0 k_0 k_1 k_1 .. k_7 k_7) */
+    int16_t *xp; /* 16 * nbp: Q6_K, per block 32 (q_2i + q_2i+1), i = 0..15 */
 
     char *thread_scratch;
     size_t thread_scratch_bytes;
@@ -343,7 +404,7 @@ static void split_range(int n, int ith, int nth, int *lo, int *hi)
 static void quant_block(const float *xb, int8_t *q, float *xd, int32_t *s16)
 {
 #if KVS_AVX512
-    /* the same operations as quant_block_scalar (cvtps rounds to nearest even, as rintf) */
+    /* the same operations as quant_block32 (cvtps rounds to nearest even, as rintf) */
     const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
     const float d = amax / 127.0f;
@@ -358,7 +419,7 @@ static void quant_block(const float *xb, int8_t *q, float *xd, int32_t *s16)
 #elif KVS_AVX2
     kvs_quant32_avx2(xb, q, xd, s16);
 #else
-    quant_block_scalar(xb, q, xd);
+    quant_block32(xb, q, xd);
     s16[0] = s16[1] = 0;
     for (int l = 0; l < 32; l++)
         s16[l / 16] += q[l];
@@ -433,13 +494,56 @@ static void fill_x_row(const kq_ctx *c, int r)
     }
 }
 
+#if KVS_AVX2
+/* The AVX2 path's x row (kvs_matmul_kq_ref_sb's quantiser, sb_scales) in natural order: xd[sb]
+ * = D / 128, xk the k_b; Q4_K / Q5_K xo[b] = xd_b sum(q) (the min term), Q6_K xp the pair sums
+ * times its offset 32 (what VPMADDUBSW of 32s and q gives). */
+static void fill_x_row_sb(const kq_ctx *c, int r)
+{
+    const int nbp = c->nbp;
+    const float *x = c->x + (size_t)r * c->n_in;
+    int8_t *xq = c->xq + (size_t)r * nbp * 32;
+    float *xd = c->xd + (size_t)r * nbp, *xo = c->xo + (size_t)r * 2 * nbp;
+    int16_t *xk = c->xk + (size_t)r * 2 * nbp, *xp = c->xp + (size_t)r * 16 * nbp;
+    for (int sb = 0; sb < c->nb / 8; sb++) {
+        const float *xs = x + (size_t)256 * sb;
+        float amax[8], xdb[8], dd;
+        int k[8];
+        for (int p = 0; p < 8; p++)
+            amax[p] = kvs_amax_avx2(xs + 32 * p, 32);
+        sb_scales(amax, k, xdb, &dd);
+        for (int p = 0; p < 8; p++) {
+            const int b = 8 * sb + p;
+            int32_t s16[2];
+            kvs_quant32_id_avx2(xs + 32 * p, xdb[p] != 0.0f ? 1.0f / xdb[p] : 0.0f, xq + (size_t)32 * b, s16);
+            if (c->wt == KVS_Q6_K) {
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(xq + (size_t)32 * b));
+                _mm256_storeu_si256((__m256i *)(xp + (size_t)16 * b), _mm256_maddubs_epi16(_mm256_set1_epi8(32), q));
+                xk[16 * sb + 2 * p] = xk[16 * sb + 2 * p + 1] = (int16_t)k[p];
+            } else {
+                xo[b] = xdb[p] * (float)(s16[0] + s16[1]);
+                xk[16 * sb + p] = (int16_t)k[p], xk[16 * sb + 8 + p] = 0;
+            }
+        }
+        xd[sb] = dd * (1.0f / 128.0f);
+    }
+}
+#endif
+
 static void quantize_x_task(void *p, int ith, int nth)
 {
     const kq_ctx *c = p;
     int r0, r1;
     split_range(c->n_rows, ith, nth, &r0, &r1);
-    for (int r = r0; r < r1; r++)
+    for (int r = r0; r < r1; r++) {
+#if KVS_AVX2
+        if (c->path == PATH_AVX2) {
+            fill_x_row_sb(c, r);
+            continue;
+        }
+#endif
         fill_x_row(c, r);
+    }
 }
 
 /* ========================================================================================== */
@@ -1020,15 +1124,22 @@ static void tile_rows(const kq_ctx *c, char *scratch, int r0, int r1, int o0, in
 
 /* ---- AVX2 (CPUs or VMs without AVX-512 VNNI): Q4_K, Q5_K and Q6_K on x in natural order ----
  *
- * No VPDPBUSD: VPMADDUBSW multiplies the unsigned quants u by the signed x bytes into 16-bit
- * pair sums (at most 2 * 63 * 127 in size: no saturation) and VPMADDWD by ones adds the pairs,
- * so lane i of a 32-element block holds the exact sum over its elements 4 i .. 4 i + 3. Two
- * blocks' lanes are added pairwise into one vector (VPHADDD), converted, and added with one FMA
- * by their constants d sc_s xd_b (x is quantised per block of 32, so the integer sums cannot
- * run over a whole super-block; one conversion and FMA per block was 5% slower); Q4_K /
- * Q5_K's min term is one FMA per super-block on the precomputed -xd_b sum(q) (xo), and Q6_K's
- * offset is subtracted from the pair sums in 16 bits (32 sum(q) by a second VPMADDUBSW), so
- * every lane holds an exact sum of (u - 32) q. Up to 4 x rows share each unpacked block. */
+ * x blocks are scaled on their super-block's grid (kvs_matmul_kq_ref_sb: xd_b = D k_b / 128),
+ * so a super-block's products are one integer sum: no VPDPBUSD, so VPMADDUBSW multiplies the
+ * unsigned quants u by the signed x bytes into 16-bit pair sums (at most 2 * 63 * 127: no
+ * saturation), VPMADDWD multiplies those by the 16-bit sc_s k_b (sub-block scale times block
+ * multiplier: at most 63 * 128, Q6_K 128 * 128) and adds pairs into 32 bits, and 8 lanes
+ * gather the whole super-block; then one conversion and one FMA by d D / 128. Q6_K's offset
+ * comes off the 16-bit pair sums (32 (q_2i + q_2i+1) precomputed with x), so every lane sums
+ * (u - 32) q exactly (a separate offset sum in other lanes cancelled after the conversion,
+ * losing precision); its lanes stay below 2^31 (8 blocks x 2 x 8128 x 128 x 128 = 2.13e9).
+ * Q4_K / Q5_K's min term is one FMA per super-block of dmin m_b by xd_b sum(q) (xo). Per x row
+ * and block: VPMADDUBSW, VPSHUFB (the block's scale to every lane), VPMADDWD, VPADDD; per x row
+ * and super-block one VPMULLW (sc k) and the FMA. With x scaled per block of 32 on its own,
+ * each pair of blocks needed a horizontal add, a conversion, a permutation and an FMA; with
+ * one scale per super-block (llama.cpp's Q8_K) the logits of ../shared/models/arch moved
+ * 1.5 times as far from the fp32 product (rms 0.14 against 0.097; the grid: 0.097-0.10). Up to
+ * 4 x rows share each unpacked super-block. */
 
 /* Q4_K / Q5_K scale bytes (blk + 4, dtype.h) as [sc_0..7 | m_0..7]: s[0..3] hold sc 0..3 in
  * bits 0..5 and the top of sc 4..7 in bits 6..7; s[4..7] the same for m; s[8..11] the low
@@ -1046,126 +1157,135 @@ KVS_INLINE __m128i avx2_k4_scales(const char *blk)
     return _mm_or_si128(_mm_or_si128(lo, mh), top);
 }
 
-/* y of R x rows from r (natural order) against one Q4_K (five = 0) or Q5_K (five = 1) row. */
+/* VPSHUFB control giving each 16-bit lane of the low 128 bits the 16-bit lane a of its source
+ * half, and of the high 128 bits lane b. */
+KVS_INLINE __m256i avx2_pick16(int a, int b)
+{
+    return _mm256_set_m128i(_mm_set1_epi16((short)(2 * b | (2 * b + 1) << 8)),
+                            _mm_set1_epi16((short)(2 * a | (2 * a + 1) << 8)));
+}
+
+/* The x quants of block b (0..nb-1) of x row r. */
+KVS_INLINE __m256i avx2_xq(const kq_ctx *c, int r, int b)
+{
+    return _mm256_loadu_si256((const __m256i *)(c->xq + ((size_t)r * c->nbp + (size_t)b) * 32));
+}
+
+/* The k_b of super-block sb of x row r: 8 (Q4_K / Q5_K), or each twice (Q6_K). */
+KVS_INLINE __m128i avx2_xk8(const kq_ctx *c, int r, int sb)
+{
+    return _mm_loadu_si128((const __m128i *)(c->xk + ((size_t)r * c->nbp + 8 * (size_t)sb) * 2));
+}
+KVS_INLINE __m256i avx2_xk16(const kq_ctx *c, int r, int sb)
+{
+    return _mm256_loadu_si256((const __m256i *)(c->xk + ((size_t)r * c->nbp + 8 * (size_t)sb) * 2));
+}
+
+/* y of R x rows from r against one Q4_K (five = 0) or Q5_K (five = 1) row. */
 KVS_INLINE void avx2_k4_row(int R, int five, const kq_ctx *c, const char *row, int r, float *y)
 {
     const size_t sbb = five ? sizeof(kvs_block_q5_K) : sizeof(kvs_block_q4_K);
     const size_t qs_off = five ? offsetof(kvs_block_q5_K, qs) : offsetof(kvs_block_q4_K, qs);
     const __m256i m4 = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
-    __m256 acc[2][4], mac[4]; /* two FMA chains per row (even and odd j), the min term */
+    __m256 acc[4], mac[4]; /* the sc terms, the min terms */
     KVS_UNROLL
     for (int i = 0; i < R; i++)
-        acc[0][i] = acc[1][i] = mac[i] = _mm256_setzero_ps();
+        acc[i] = mac[i] = _mm256_setzero_ps();
     for (int sb = 0; sb < c->nb / 8; sb++) {
         const char *blk = row + (size_t)sb * sbb;
         if (R == 1)
             KVS_PREFETCH_AHEAD(blk, sbb - 1);
         const __m128i scm = avx2_k4_scales(blk);
+        const __m128i sc = _mm_cvtepu8_epi16(scm); /* sc_0..7 as 16 bits */
         uint32_t dd;
         memcpy(&dd, blk, 4);
         const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd)); /* [d, dmin, ..] */
-        const __m256 sc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(scm)),
-                                        _mm256_broadcastss_ps(dm));
+        const float d = _mm_cvtss_f32(dm);
         const __m256 mn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(scm, 8))),
-                                        _mm256_broadcastss_ps(_mm_movehdup_ps(dm)));
-        __m256 f[4];
-        KVS_UNROLL
-        for (int i = 0; i < R; i++) {
-            const size_t xr = (size_t)(r + i) * c->nbp + 8 * (size_t)sb;
-            f[i] = _mm256_mul_ps(sc, _mm256_loadu_ps(c->xd + xr));
-            const float *xo = c->xo + (size_t)(r + i) * 2 * c->nbp + 8 * (size_t)sb;
-            mac[i] = _mm256_fmadd_ps(mn, _mm256_loadu_ps(xo), mac[i]);
-        }
+                                        _mm256_broadcastss_ps(_mm_movehdup_ps(dm))); /* dmin m_0..7 */
         const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(blk + offsetof(kvs_block_q5_K, qh)))
                                 : _mm256_setzero_si256();
+        __m256i u[8]; /* blocks 2 j (low nibbles of qs[32 j ..]) and 2 j + 1 (high) */
         KVS_UNROLL
         for (int j = 0; j < 4; j++) {
             const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + qs_off + 32 * j));
-            __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+            u[2 * j] = _mm256_and_si256(raw, m4);
+            u[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
             if (five) { /* bit 2 j (low) and 2 j + 1 (high) of qh[l] to bit 4 */
-                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * j), 4), b4));
-                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * j + 1), 4), b4));
+                u[2 * j] = _mm256_or_si256(u[2 * j], _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * j), 4), b4));
+                u[2 * j + 1] = _mm256_or_si256(u[2 * j + 1],
+                                               _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * j + 1), 4), b4));
             }
+        }
+        KVS_UNROLL
+        for (int i = 0; i < R; i++) {
+            /* sc_b k_b (at most 63 * 128) in both halves */
+            const __m256i s = _mm256_broadcastsi128_si256(_mm_mullo_epi16(sc, avx2_xk8(c, r + i, sb)));
+            __m256i is = _mm256_setzero_si256();
             KVS_UNROLL
-            for (int i = 0; i < R; i++) {
-                const int8_t *xq = c->xq + ((size_t)(r + i) * c->nbp + 8 * (size_t)sb + 2 * j) * 32;
-                const __m256i q0 = _mm256_loadu_si256((const __m256i *)xq);
-                const __m256i q1 = _mm256_loadu_si256((const __m256i *)(xq + 32));
-                const __m256i one = _mm256_set1_epi16(1);
-                const __m256i h = _mm256_hadd_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, q0), one),
-                                                    _mm256_madd_epi16(_mm256_maddubs_epi16(hi, q1), one));
-                const __m256i idx = _mm256_setr_epi32(2 * j, 2 * j, 2 * j + 1, 2 * j + 1, 2 * j,
-                                                      2 * j, 2 * j + 1, 2 * j + 1);
-                acc[j & 1][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h),
-                                                _mm256_permutevar8x32_ps(f[i], idx), acc[j & 1][i]);
+            for (int p = 0; p < 8; p++) {
+                const __m256i pr = _mm256_maddubs_epi16(u[p], avx2_xq(c, r + i, 8 * sb + p));
+                is = _mm256_add_epi32(is, _mm256_madd_epi16(pr, _mm256_shuffle_epi8(s, avx2_pick16(p, p))));
             }
+            const size_t xr = (size_t)(r + i) * c->nbp;
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(d * c->xd[xr + sb]), acc[i]);
+            mac[i] = _mm256_fmadd_ps(mn, _mm256_loadu_ps(c->xo + 2 * xr + 8 * (size_t)sb), mac[i]);
         }
     }
     KVS_UNROLL
     for (int i = 0; i < R; i++)
-        y[(size_t)(r + i) * c->n_out] =
-            kvs_hsum256(_mm256_add_ps(acc[0][i], acc[1][i])) + kvs_hsum256(mac[i]);
+        y[(size_t)(r + i) * c->n_out] = kvs_hsum256(_mm256_sub_ps(acc[i], mac[i]));
 }
 
-/* y of R x rows from r (natural order) against one Q6_K row. */
+/* y of R x rows from r against one Q6_K row. */
 KVS_INLINE void avx2_q6k_row(int R, const kq_ctx *c, const char *row, int r, float *y)
 {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30), off = _mm256_set1_epi8(32);
-    __m256 acc[2][4]; /* two FMA chains per row (even and odd blocks) */
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
+    __m256 acc[4];
     KVS_UNROLL
     for (int i = 0; i < R; i++)
-        acc[0][i] = acc[1][i] = _mm256_setzero_ps();
+        acc[i] = _mm256_setzero_ps();
     for (int sb = 0; sb < c->nb / 8; sb++) {
         const kvs_block_q6_K *k = (const kvs_block_q6_K *)row + sb;
         if (R == 1)
             KVS_PREFETCH_AHEAD(k, sizeof *k - 1);
-        const __m256 d = _mm256_set1_ps(kvs_fp16_to_fp32_scalar(k->d));
-        const __m128i sc8 = _mm_loadu_si128((const __m128i *)k->scales);
-        const __m256 s0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)));
-        const __m256 s1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))));
-        /* f[i][h] lane g: d sc[8 h + g] xd of block 4 h + g / 2 */
-        __m256 f[4][2];
-        KVS_UNROLL
-        for (int i = 0; i < R; i++) {
-            const __m256 xd = _mm256_loadu_ps(c->xd + (size_t)(r + i) * c->nbp + 8 * (size_t)sb);
-            f[i][0] = _mm256_mul_ps(s0, _mm256_permutevar8x32_ps(xd, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)));
-            f[i][1] = _mm256_mul_ps(s1, _mm256_permutevar8x32_ps(xd, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)));
-        }
+        const float d = kvs_fp16_to_fp32_scalar(k->d);
+        const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)k->scales)); /* sc_0..15 */
+        __m256i u[8]; /* blocks 0..7 (dtype.h's quarters of each half) */
         KVS_UNROLL
         for (int h = 0; h < 2; h++) {
             const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(k->ql + 64 * h));
             const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(k->ql + 64 * h + 32));
             const __m256i qh = _mm256_loadu_si256((const __m256i *)(k->qh + 32 * h));
-            __m256i u[4]; /* the blocks 4 h + 0..3 (dtype.h's quarters) */
-            u[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2));
-            u[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2));
-            u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2));
-            u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
-            /* blocks t and t + 1 (sub-blocks 2 t .. 2 t + 3) added in one vector: VPHADDD puts
-             * lanes [2t 2t 2t+2 2t+2 | 2t+1 2t+1 2t+3 2t+3] side by side */
+            u[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2));
+            u[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2));
+            u[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2));
+            u[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
+        }
+        KVS_UNROLL
+        for (int i = 0; i < R; i++) {
+            /* sc_g k_(g/2) (at most 128 * 128 in size); its halves in both halves */
+            const __m256i s = _mm256_mullo_epi16(sc, avx2_xk16(c, r + i, sb));
+            const __m256i sh[2] = {_mm256_permute2x128_si256(s, s, 0x00), _mm256_permute2x128_si256(s, s, 0x11)};
+            __m256i is = _mm256_setzero_si256();
             KVS_UNROLL
-            for (int t = 0; t < 4; t += 2) {
-                const __m256i idx = _mm256_setr_epi32(2 * t, 2 * t, 2 * t + 2, 2 * t + 2, 2 * t + 1,
-                                                      2 * t + 1, 2 * t + 3, 2 * t + 3);
-                KVS_UNROLL
-                for (int i = 0; i < R; i++) {
-                    const int8_t *xq = c->xq + ((size_t)(r + i) * c->nbp + 8 * (size_t)sb + 4 * h + t) * 32;
-                    const __m256i q0 = _mm256_loadu_si256((const __m256i *)xq);
-                    const __m256i q1 = _mm256_loadu_si256((const __m256i *)(xq + 32));
-                    const __m256i p0 = _mm256_sub_epi16(_mm256_maddubs_epi16(u[t], q0), _mm256_maddubs_epi16(off, q0));
-                    const __m256i p1 = _mm256_sub_epi16(_mm256_maddubs_epi16(u[t + 1], q1), _mm256_maddubs_epi16(off, q1));
-                    const __m256i one = _mm256_set1_epi16(1);
-                    const __m256i hs = _mm256_hadd_epi32(_mm256_madd_epi16(p0, one), _mm256_madd_epi16(p1, one));
-                    acc[t >> 1][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hs), _mm256_permutevar8x32_ps(f[i][h], idx),
-                                                     acc[t >> 1][i]);
-                }
+            for (int p = 0; p < 8; p++) {
+                /* block p: its sub-blocks of 16 (2 p, 2 p + 1) are its halves; the offset 32
+                 * comes off the 16-bit pair sums, so every lane sums (u - 32) q exactly */
+                const int b = 8 * sb + p;
+                const __m256i off = _mm256_loadu_si256((const __m256i *)(c->xp + ((size_t)(r + i) * c->nbp + b) * 16));
+                const __m256i pr = _mm256_sub_epi16(_mm256_maddubs_epi16(u[p], avx2_xq(c, r + i, b)), off);
+                const int g = 2 * (p % 4);
+                is = _mm256_add_epi32(is, _mm256_madd_epi16(pr, _mm256_shuffle_epi8(sh[p / 4], avx2_pick16(g, g + 1))));
             }
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is),
+                                     _mm256_set1_ps(d * c->xd[(size_t)(r + i) * c->nbp + sb]), acc[i]);
         }
     }
     KVS_UNROLL
     for (int i = 0; i < R; i++)
-        y[(size_t)(r + i) * c->n_out] = kvs_hsum256(_mm256_add_ps(acc[0][i], acc[1][i]));
+        y[(size_t)(r + i) * c->n_out] = kvs_hsum256(acc[i]);
 }
 
 KVS_INLINE void avx2_row(int R, const kq_ctx *c, const char *row, int r, float *y)
@@ -1249,9 +1369,6 @@ static void run(kvs_pool *pool, kvs_task_fn fn, void *ctx)
         fn(ctx, 0, 1);
 }
 
-/* The K-quants with 256-element super-blocks (the types the AVX2 path takes). */
-static int k_super_type(kvs_dtype wt) { return wt == KVS_Q4_K || wt == KVS_Q5_K || wt == KVS_Q6_K; }
-
 static int choose_path(kvs_dtype wt, int n_rows)
 {
 #if KVS_AVX512_VNNI
@@ -1264,6 +1381,8 @@ static int choose_path(kvs_dtype wt, int n_rows)
 
 static kvs_status matmul_on_path(kvs_pool *pool, float *y, const float *x, const void *w,
                                  kvs_dtype wt, int n_rows, int n_in, int n_out, int path);
+
+int kvs_matmul_kq_on_grid(kvs_dtype wt) { return choose_path(wt, 1) == PATH_AVX2; }
 
 kvs_status kvs_matmul_kq(kvs_pool *pool, float *y, const float *x, const void *w, kvs_dtype wt,
                          int n_rows, int n_in, int n_out)
@@ -1304,11 +1423,13 @@ static kvs_status matmul_on_path(kvs_pool *pool, float *y, const float *x, const
     c.nb = n_in / 32;
     c.nbp = (c.nb + 7) & ~7;
 
-    /* scratch: [xq][xd][xo][xi][xl][xb][per-thread panels] */
+    /* scratch: [xq][xd][xo][xi][xl][xb][xk][xp][per-thread panels] */
     const size_t nr = (size_t)n_rows, nbp = (size_t)c.nbp;
     const size_t b_xq = align64(nr * nbp * 32), b_xd = align64(nr * nbp * 4);
     const size_t b_xo = align64(nr * nbp * 8), b_xi = b_xo, b_xl = b_xo, b_xb = align64(nr * nbp * 32);
-    const size_t x_bytes = b_xq + b_xd + b_xo + b_xi + b_xl + b_xb;
+    const size_t b_xk = path == PATH_AVX2 ? align64(nr * nbp * 4) : 0;
+    const size_t b_xp = path == PATH_AVX2 && wt == KVS_Q6_K ? align64(nr * nbp * 32) : 0;
+    const size_t x_bytes = b_xq + b_xd + b_xo + b_xi + b_xl + b_xb + b_xk + b_xp;
     size_t per_thread = 0;
 #if KVS_AVX512_VNNI
     if (c.path == PATH_TILE)
@@ -1329,6 +1450,8 @@ static kvs_status matmul_on_path(kvs_pool *pool, float *y, const float *x, const
     c.xi = (int32_t *)(mem + b_xq + b_xd + b_xo);
     c.xl = (float *)(mem + b_xq + b_xd + b_xo + b_xi);
     c.xb = (int32_t *)(mem + b_xq + b_xd + b_xo + b_xi + b_xl);
+    c.xk = (int16_t *)(mem + b_xq + b_xd + b_xo + b_xi + b_xl + b_xb);
+    c.xp = (int16_t *)(mem + b_xq + b_xd + b_xo + b_xi + b_xl + b_xb + b_xk);
     c.thread_scratch = mem + x_bytes;
 
     if (n_rows < 4 * nth || nth == 1)

@@ -12,15 +12,22 @@
  * else 0 (any value may be passed). */
 int kvs_kq_type(kvs_dtype t);
 
-/* y[r][o] = x[r] . W[o] with x quantised per block of 32 (the arithmetic of kvs_matmul_kq_ref).
+/* y[r][o] = x[r] . W[o] with x quantised per block of 32 (the arithmetic of kvs_matmul_kq_ref);
+ * in builds with AVX2 but not AVX-512 VNNI, Q4_K, Q5_K and Q6_K put the block scales on their
+ * super-block's grid (the arithmetic of kvs_matmul_kq_ref_sb).
  * Same contract as kvs_matmul_deq (dequant.h): kvs_matmul checks the sizes first (n_rows, n_out,
  * n_in >= 1, n_in whole blocks of wt) and calls it. Returns KVS_ERR_UNSUPPORTED for other types,
  * KVS_ERR_NOMEM without scratch memory (y untouched in both cases). */
 kvs_status kvs_matmul_kq(kvs_pool *pool, float *y, const float *x, const void *w, kvs_dtype wt,
                          int n_rows, int n_in, int n_out);
 
+/* 1 when kvs_matmul_kq follows kvs_matmul_kq_ref_sb for wt in this build (the AVX2 path: Q4_K,
+ * Q5_K, Q6_K without AVX-512 VNNI), 0 when kvs_matmul_kq_ref. */
+int kvs_matmul_kq_on_grid(kvs_dtype wt);
+
 /* kvs_matmul_kq on its AVX2 path (what a CPU without AVX-512 VNNI runs) for Q4_K, Q5_K and
- * Q6_K, so that a test can check that path on any CPU with AVX2; KVS_ERR_UNSUPPORTED for the
+ * Q6_K (kvs_matmul_kq_ref_sb's arithmetic), so that a test can check that path on any CPU with
+ * AVX2; KVS_ERR_UNSUPPORTED for the
  * other types, in a build without AVX2, or with VNNI (whose builds do not compile it). */
 kvs_status kvs_matmul_kq_avx2(kvs_pool *pool, float *y, const float *x, const void *w,
                               kvs_dtype wt, int n_rows, int n_in, int n_out);
@@ -40,5 +47,14 @@ kvs_status kvs_matmul_kq_avx2(kvs_pool *pool, float *y, const float *x, const vo
  *  - fp32 accumulation (the fast paths sum in another order). */
 void kvs_matmul_kq_ref(float *y, const float *x, const void *w, kvs_dtype wt, int n_rows,
                        int n_in, int n_out);
+
+/* kvs_matmul_kq_ref with each x block's scale on its super-block's grid, for Q4_K, Q5_K and
+ * Q6_K (nothing for other types): the arithmetic of the AVX2 path, whose integer sums run over
+ * the super-block with integer scales. Per super-block of 8 blocks with amax_b: D = max amax_b
+ * / 127, k_b = ceil(128 amax_b / max amax_b) in 1..128, xd_b = D k_b / 128 (fp32, in that
+ * order), q = rint(x / xd_b) through the reciprocal; then kvs_matmul_kq_ref's block sums. A
+ * block's xd_b is at most (amax_b + max amax / 128) / 127. */
+void kvs_matmul_kq_ref_sb(float *y, const float *x, const void *w, kvs_dtype wt, int n_rows,
+                          int n_in, int n_out);
 
 #endif
