@@ -378,7 +378,8 @@ typedef struct {
     int32_t *xb; /* 8 * nbp: gemv Q6_K / IQ4_NL / Q5_0, per lane (4 bytes of xq) -off sum(q) */
     /* AVX2 (x blocks on their super-block's grid, kvs_matmul_kq_ref_sb): xd[sb] = D / 128, */
     int16_t *xk; /* 2 * nbp: per super-block k_0..7, 8 zeros (Q6_K: k_0 k_0 k_1 k_1 .. k_7 k_7) */
-    int16_t *xp; /* 16 * nbp: Q6_K, per block 32 (q_2i + q_2i+1), i = 0..15 */
+    int16_t *xp; /* 16 * nbp: Q6_K, per pair of blocks (at the first's place) the 16 lanes of
+                  * 32 (q_2i + q_2i+1) of both (in avx2_pair's order) */
 
     char *thread_scratch;
     size_t thread_scratch_bytes;
@@ -495,9 +496,9 @@ static void fill_x_row(const kq_ctx *c, int r)
 }
 
 #if KVS_AVX2
-/* The AVX2 path's x row (kvs_matmul_kq_ref_sb's quantiser, sb_scales) in natural order: xd[sb]
- * = D / 128, xk the k_b; Q4_K / Q5_K xo[b] = xd_b sum(q) (the min term), Q6_K xp the pair sums
- * times its offset 32 (what VPMADDUBSW of 32s and q gives). */
+/* The AVX2 path's x row (kvs_matmul_kq_ref_sb's quantiser, sb_scales), each pair of blocks in
+ * avx2_pair's order: xd[sb] = D / 128, xk the k_b; Q4_K / Q5_K xo[b] = xd_b sum(q) (the min
+ * term), Q6_K xp the pair sums times its offset 32 (what VPMADDUBSW of 32s and q gives). */
 static void fill_x_row_sb(const kq_ctx *c, int r)
 {
     const int nbp = c->nbp;
@@ -512,17 +513,30 @@ static void fill_x_row_sb(const kq_ctx *c, int r)
         for (int p = 0; p < 8; p++)
             amax[p] = kvs_amax_avx2(xs + 32 * p, 32);
         sb_scales(amax, k, xdb, &dd);
-        for (int p = 0; p < 8; p++) {
+        for (int p = 0; p < 8; p += 2) {
+            /* blocks p and p + 1 interleaved as the weights are (avx2_pair) */
             const int b = 8 * sb + p;
-            int32_t s16[2];
-            kvs_quant32_id_avx2(xs + 32 * p, xdb[p] != 0.0f ? 1.0f / xdb[p] : 0.0f, xq + (size_t)32 * b, s16);
+            _Alignas(32) int8_t q[2][32];
+            int32_t s16[2][2];
+            for (int e = 0; e < 2; e++) {
+                const float xdb_e = xdb[p + e];
+                kvs_quant32_id_avx2(xs + 32 * (p + e), xdb_e != 0.0f ? 1.0f / xdb_e : 0.0f, q[e], s16[e]);
+            }
+            const __m256i qa = _mm256_load_si256((const __m256i *)q[0]), qb = _mm256_load_si256((const __m256i *)q[1]);
+            const __m256i v0 = _mm256_unpacklo_epi64(qa, qb), v1 = _mm256_unpackhi_epi64(qa, qb);
+            _mm256_storeu_si256((__m256i *)(xq + (size_t)32 * b), v0);
+            _mm256_storeu_si256((__m256i *)(xq + (size_t)32 * b + 32), v1);
+            for (int e = 0; e < 2; e++) {
+                if (c->wt == KVS_Q6_K)
+                    xk[16 * sb + 2 * (p + e)] = xk[16 * sb + 2 * (p + e) + 1] = (int16_t)k[p + e];
+                else
+                    xo[b + e] = xdb[p + e] * (float)(s16[e][0] + s16[e][1]), xk[16 * sb + p + e] = (int16_t)k[p + e],
+                    xk[16 * sb + 8 + p + e] = 0;
+            }
             if (c->wt == KVS_Q6_K) {
-                const __m256i q = _mm256_loadu_si256((const __m256i *)(xq + (size_t)32 * b));
-                _mm256_storeu_si256((__m256i *)(xp + (size_t)16 * b), _mm256_maddubs_epi16(_mm256_set1_epi8(32), q));
-                xk[16 * sb + 2 * p] = xk[16 * sb + 2 * p + 1] = (int16_t)k[p];
-            } else {
-                xo[b] = xdb[p] * (float)(s16[0] + s16[1]);
-                xk[16 * sb + p] = (int16_t)k[p], xk[16 * sb + 8 + p] = 0;
+                const __m256i m32 = _mm256_set1_epi8(32);
+                _mm256_storeu_si256((__m256i *)(xp + (size_t)16 * b),
+                                    _mm256_add_epi16(_mm256_maddubs_epi16(m32, v0), _mm256_maddubs_epi16(m32, v1)));
             }
         }
         xd[sb] = dd * (1.0f / 128.0f);
@@ -1122,7 +1136,7 @@ static void tile_rows(const kq_ctx *c, char *scratch, int r0, int r1, int o0, in
 #if KVS_AVX2
 /* ========================================================================================== */
 
-/* ---- AVX2 (CPUs or VMs without AVX-512 VNNI): Q4_K, Q5_K and Q6_K on x in natural order ----
+/* ---- AVX2 (CPUs or VMs without AVX-512 VNNI): Q4_K, Q5_K and Q6_K ---------------------------
  *
  * x blocks are scaled on their super-block's grid (kvs_matmul_kq_ref_sb: xd_b = D k_b / 128),
  * so a super-block's products are one integer sum: no VPDPBUSD, so VPMADDUBSW multiplies the
@@ -1133,9 +1147,11 @@ static void tile_rows(const kq_ctx *c, char *scratch, int r0, int r1, int o0, in
  * comes off the 16-bit pair sums (32 (q_2i + q_2i+1) precomputed with x), so every lane sums
  * (u - 32) q exactly (a separate offset sum in other lanes cancelled after the conversion,
  * losing precision); its lanes stay below 2^31 (8 blocks x 2 x 8128 x 128 x 128 = 2.13e9).
- * Q4_K / Q5_K's min term is one FMA per super-block of dmin m_b by xd_b sum(q) (xo). Per x row
- * and block: VPMADDUBSW, VPSHUFB (the block's scale to every lane), VPMADDWD, VPADDD; per x row
- * and super-block one VPMULLW (sc k) and the FMA. With x scaled per block of 32 on its own,
+ * Q4_K / Q5_K's min term is one FMA per super-block of dmin m_b by xd_b sum(q) (xo). Two
+ * blocks' pair sums add in 16 bits before the VPMADDWD (avx2_pair interleaves their 8-byte
+ * groups, x is stored so), so per x row and pair of blocks: 2 VPMADDUBSW, VPADDW, VPSHUFB (the
+ * scales to their lanes), VPMADDWD, VPADDD; per x row and super-block one VPMULLW (sc k) and
+ * the FMA. With x scaled per block of 32 on its own,
  * each pair of blocks needed a horizontal add, a conversion, a permutation and an FMA; with
  * one scale per super-block (llama.cpp's Q8_K) the logits of ../shared/models/arch moved
  * 1.5 times as far from the fp32 product (rms 0.14 against 0.097; the grid: 0.097-0.10). Up to
@@ -1157,15 +1173,28 @@ KVS_INLINE __m128i avx2_k4_scales(const char *blk)
     return _mm_or_si128(_mm_or_si128(lo, mh), top);
 }
 
-/* VPSHUFB control giving each 16-bit lane of the low 128 bits the 16-bit lane a of its source
- * half, and of the high 128 bits lane b. */
-KVS_INLINE __m256i avx2_pick16(int a, int b)
+/* VPSHUFB control giving 16-bit lanes 0..3 of the low 128 bits the 16-bit lane a0 of their
+ * source half, lanes 4..7 lane b0; of the high 128 bits a1 and b1. */
+KVS_INLINE __m256i avx2_pick4(int a0, int b0, int a1, int b1)
 {
-    return _mm256_set_m128i(_mm_set1_epi16((short)(2 * b | (2 * b + 1) << 8)),
-                            _mm_set1_epi16((short)(2 * a | (2 * a + 1) << 8)));
+#define KVS_W(l) ((short)(2 * (l) | (2 * (l) + 1) << 8))
+    return _mm256_setr_epi16(KVS_W(a0), KVS_W(a0), KVS_W(a0), KVS_W(a0), KVS_W(b0), KVS_W(b0), KVS_W(b0), KVS_W(b0),
+                             KVS_W(a1), KVS_W(a1), KVS_W(a1), KVS_W(a1), KVS_W(b1), KVS_W(b1), KVS_W(b1), KVS_W(b1));
+#undef KVS_W
 }
 
-/* The x quants of block b (0..nb-1) of x row r. */
+/* Blocks p and p + 1 (32 bytes each) as two vectors that map the same 16-bit lanes to the same
+ * sub-blocks (the 8-byte groups of the two interleaved), so that their VPMADDUBSW pair sums add
+ * in 16 bits before one VPMADDWD: lanes 0..3 and 8..11 are p's, 4..7 and 12..15 p + 1's (Q6_K's
+ * sub-blocks of 16: lanes 0..3 2 p, 4..7 2 p + 2, 8..11 2 p + 1, 12..15 2 p + 3). x is stored
+ * so (fill_x_row_sb). */
+KVS_INLINE void avx2_pair(__m256i a, __m256i b, __m256i *v)
+{
+    v[0] = _mm256_unpacklo_epi64(a, b);
+    v[1] = _mm256_unpackhi_epi64(a, b);
+}
+
+/* The 32 x bytes at block b (0..nb-1) of x row r (pairs of blocks in avx2_pair's order). */
 KVS_INLINE __m256i avx2_xq(const kq_ctx *c, int r, int b)
 {
     return _mm256_loadu_si256((const __m256i *)(c->xq + ((size_t)r * c->nbp + (size_t)b) * 32));
@@ -1217,15 +1246,21 @@ KVS_INLINE void avx2_k4_row(int R, int five, const kq_ctx *c, const char *row, i
                                                _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * j + 1), 4), b4));
             }
         }
+        __m256i v[8];
+        KVS_UNROLL
+        for (int p = 0; p < 8; p += 2)
+            avx2_pair(u[p], u[p + 1], v + p);
         KVS_UNROLL
         for (int i = 0; i < R; i++) {
             /* sc_b k_b (at most 63 * 128) in both halves */
             const __m256i s = _mm256_broadcastsi128_si256(_mm_mullo_epi16(sc, avx2_xk8(c, r + i, sb)));
             __m256i is = _mm256_setzero_si256();
             KVS_UNROLL
-            for (int p = 0; p < 8; p++) {
-                const __m256i pr = _mm256_maddubs_epi16(u[p], avx2_xq(c, r + i, 8 * sb + p));
-                is = _mm256_add_epi32(is, _mm256_madd_epi16(pr, _mm256_shuffle_epi8(s, avx2_pick16(p, p))));
+            for (int p = 0; p < 8; p += 2) { /* pair sums at most 2 x 2 x 31 x 127 */
+                const int b = 8 * sb + p;
+                const __m256i pr = _mm256_add_epi16(_mm256_maddubs_epi16(v[p], avx2_xq(c, r + i, b)),
+                                                    _mm256_maddubs_epi16(v[p + 1], avx2_xq(c, r + i, b + 1)));
+                is = _mm256_add_epi32(is, _mm256_madd_epi16(pr, _mm256_shuffle_epi8(s, avx2_pick4(p, p + 1, p, p + 1))));
             }
             const size_t xr = (size_t)(r + i) * c->nbp;
             acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(d * c->xd[xr + sb]), acc[i]);
@@ -1263,6 +1298,10 @@ KVS_INLINE void avx2_q6k_row(int R, const kq_ctx *c, const char *row, int r, flo
             u[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
                                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
         }
+        __m256i v[8];
+        KVS_UNROLL
+        for (int p = 0; p < 8; p += 2)
+            avx2_pair(u[p], u[p + 1], v + p);
         KVS_UNROLL
         for (int i = 0; i < R; i++) {
             /* sc_g k_(g/2) (at most 128 * 128 in size); its halves in both halves */
@@ -1270,14 +1309,17 @@ KVS_INLINE void avx2_q6k_row(int R, const kq_ctx *c, const char *row, int r, flo
             const __m256i sh[2] = {_mm256_permute2x128_si256(s, s, 0x00), _mm256_permute2x128_si256(s, s, 0x11)};
             __m256i is = _mm256_setzero_si256();
             KVS_UNROLL
-            for (int p = 0; p < 8; p++) {
-                /* block p: its sub-blocks of 16 (2 p, 2 p + 1) are its halves; the offset 32
-                 * comes off the 16-bit pair sums, so every lane sums (u - 32) q exactly */
-                const int b = 8 * sb + p;
+            for (int p = 0; p < 8; p += 2) {
+                /* blocks p, p + 1: the two VPMADDUBSW sums (each at most 2 x 63 x 127) added, then
+                 * the offset's 32 (q_2i + q_2i+1) of both off (wrapping 16-bit arithmetic whose
+                 * result, a sum of (u - 32) q over 4 elements, is at most 4 x 32 x 127): every
+                 * lane sums (u - 32) q exactly */
+                const int b = 8 * sb + p, l = 4 * ((p / 2) % 2);
                 const __m256i off = _mm256_loadu_si256((const __m256i *)(c->xp + ((size_t)(r + i) * c->nbp + b) * 16));
-                const __m256i pr = _mm256_sub_epi16(_mm256_maddubs_epi16(u[p], avx2_xq(c, r + i, b)), off);
-                const int g = 2 * (p % 4);
-                is = _mm256_add_epi32(is, _mm256_madd_epi16(pr, _mm256_shuffle_epi8(sh[p / 4], avx2_pick16(g, g + 1))));
+                const __m256i pr = _mm256_sub_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(v[p], avx2_xq(c, r + i, b)),
+                                                                     _mm256_maddubs_epi16(v[p + 1], avx2_xq(c, r + i, b + 1))),
+                                                    off);
+                is = _mm256_add_epi32(is, _mm256_madd_epi16(pr, _mm256_shuffle_epi8(sh[p / 4], avx2_pick4(l, l + 2, l + 1, l + 3))));
             }
             acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is),
                                      _mm256_set1_ps(d * c->xd[(size_t)(r + i) * c->nbp + sb]), acc[i]);
