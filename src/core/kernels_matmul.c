@@ -1426,10 +1426,14 @@ kvs_status kvs_matmul_ex(kvs_pool *pool, float *y, const float *x, const void *w
         else
             run(pool, quantize_x_task, &c);
     }
-    /* Work split (core/worksplit.h): columns in units of 16 for the tile kernels' panels, of 4
-     * for the gemv kernels; grains of a quarter share for the tiles, of about 32 KiB of weights
-     * for gemv. Rows instead when there are too few columns to go around and plenty of rows. */
-    c.unit = path == PATH_TILE ? 16 : 4;
+    /* Work split (core/worksplit.h): columns in units of 16 for the tile kernels' panels (also
+     * AVX2's F32 / F16 / BF16 panels, f32_tiles: in units of 4 a thread could take 8 columns,
+     * half a panel, as attention's 64-column products did at two threads), of 4 for the gemv
+     * kernels; grains of a quarter share for the tiles, of about 32 KiB of weights for gemv.
+     * Rows instead when there are too few columns to go around and plenty of rows. */
+    const int f32_panels = KVS_AVX2 && path == PATH_PORTABLE && n_rows >= F2_MIN_ROWS &&
+                           (wt == KVS_F32 || wt == KVS_F16 || wt == KVS_BF16);
+    c.unit = path == PATH_TILE || f32_panels ? 16 : 4;
     const int col_units = (n_out + c.unit - 1) / c.unit;
     c.by_rows = kvs_split_by_rows(col_units, n_rows, nth);
     kvs_split_init(&c.split, col_units, nth,
