@@ -14,12 +14,13 @@ static float frand(void)
     return ((rng >> 8) / 16777216.0f) * 2.0f - 1.0f;
 }
 
-enum { LAYERS = 2, KV_HEADS = 2, HEADS = 4, HD = 16, T = 40 };
+enum { LAYERS = 2, KV_HEADS = 2, HEADS = 4, HD = 16, T = 340 };
 
 static float keys[LAYERS][T][KV_HEADS][HD], vals[LAYERS][T][KV_HEADS][HD];
 
-/* Causal attention of query q (head h, position qpos) over the first T tokens, in double. */
-static void reference(int layer, int h, const float *q, int qpos, double *out)
+/* Causal attention of query q (head h, position qpos) over the first T tokens, in double; the
+ * probabilities added into colsum[t] when colsum is not NULL. */
+static void reference(int layer, int h, const float *q, int qpos, double *out, double *colsum)
 {
     int kvh = h / (HEADS / KV_HEADS);
     double s[T], m = -INFINITY, z = 0;
@@ -34,9 +35,12 @@ static void reference(int layer, int h, const float *q, int qpos, double *out)
     for (int t = 0; t <= qpos; t++)
         z += s[t] = exp(s[t] - m);
     memset(out, 0, sizeof(double) * HD);
-    for (int t = 0; t <= qpos; t++)
+    for (int t = 0; t <= qpos; t++) {
         for (int i = 0; i < HD; i++)
             out[i] += s[t] / z * vals[layer][t][kvh][i];
+        if (colsum)
+            colsum[t] += s[t] / z;
+    }
 }
 
 /* Random appends, keeps and removals against a plain array model of one head. */
@@ -123,14 +127,20 @@ int main(void)
         kvs_attn_scratch *sc = kvs_attn_scratch_new();
         kvs_pool *pool = kvs_pool_create(threads);
         kvs_error err = {0};
-        /* Append in uneven chunks and attend each chunk causally, as prefill does. */
-        int chunks[] = {1, 7, 16, 3, 13};
+        /* Append in uneven chunks and attend each chunk causally, as prefill does; the last
+         * is more than two of attention's chunks of 128 queries (whose products stop at the
+         * slots the chunk sees), with column sums of every other query's probabilities. */
+        int chunks[] = {1, 7, 16, 3, 13, 300};
         int pos = 0;
-        double worst = 0;
+        double worst = 0, worst_sum = 0;
         for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
             int n = chunks[c];
             int32_t qpos[T];
-            float q[T][HEADS][HD], out[T][HEADS][HD];
+            static float q[T][HEADS][HD], out[T][HEADS][HD], colsum[HEADS][T];
+            static double colsum_ref[HEADS][T];
+            uint8_t mask[T];
+            for (int i = 0; i < n; i++)
+                mask[i] = i % 2 == 0;
             for (int i = 0; i < n; i++) {
                 qpos[i] = pos + i;
                 for (int h = 0; h < HEADS; h++)
@@ -140,23 +150,35 @@ int main(void)
             for (int l = 0; l < LAYERS; l++) {
                 CHECK(kvs_store_append(kv, l, n, &keys[l][pos][0][0], &vals[l][pos][0][0], qpos,
                                     &err) == KVS_OK);
+                const int sums = n > 128;
+                memset(colsum, 0, sizeof colsum);
+                memset(colsum_ref, 0, sizeof colsum_ref);
                 kvs_attn_args a = {.store = kv, .layer = l, .n_heads = HEADS, .n = n,
-                                   .q = &q[0][0][0], .qpos = qpos, .out = &out[0][0][0]};
+                                   .q = &q[0][0][0], .qpos = qpos, .out = &out[0][0][0],
+                                   .row_mask = sums ? mask : NULL, .colsum = sums ? &colsum[0][0] : NULL,
+                                   .colsum_stride = T};
                 CHECK(kvs_attention(pool, sc, &a, &err) == KVS_OK);
                 for (int i = 0; i < n; i++)
                     for (int h = 0; h < HEADS; h++) {
                         double ref[HD];
-                        reference(l, h, q[i][h], qpos[i], ref);
+                        reference(l, h, q[i][h], qpos[i], ref, sums && mask[i] ? colsum_ref[h] : NULL);
                         for (int d = 0; d < HD; d++) {
                             double e = fabs(ref[d] - out[i][h][d]);
                             if (e > worst)
                                 worst = e;
                         }
                     }
+                for (int h = 0; sums && h < HEADS; h++)
+                    for (int t = 0; t < T; t++) {
+                        double e = fabs(colsum_ref[h][t] - colsum[h][t]);
+                        if (e > worst_sum)
+                            worst_sum = e;
+                    }
             }
             pos += n;
         }
         CHECKF(worst < 1e-5, "threads %d: max error %g", threads, worst);
+        CHECKF(worst_sum < 1e-4, "threads %d: max column-sum error %g", threads, worst_sum);
         CHECK(kvs_store_count(kv, 1, 1) == T);
         CHECK(kvs_store_bytes(kv) == (size_t)LAYERS * KV_HEADS * T * (2 * HD * 4 + 4 + 4));
         /* The context is a hard limit. */

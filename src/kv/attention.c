@@ -285,10 +285,9 @@ static void worker(void *ctx, int ith, int nth)
  * softmax in between. */
 typedef struct gemm_softmax {
     const kvs_attn_args *a;
-    kvs_attn_scratch *sc;
-    float *S;
+    float *S;           /* rows x count: query i0 + r / group, head head0 + r % group */
     const int *visible; /* per query row i: slots it sees */
-    int rows, n, count, head0;
+    int rows, group, i0, count, head0;
     float scale;
 } gemm_softmax;
 
@@ -296,7 +295,7 @@ static void gemm_softmax_worker(void *ctx, int ith, int nth)
 {
     gemm_softmax *g = ctx;
     for (int r = ith; r < g->rows; r += nth) {
-        int i = r % g->n, L = g->visible[i];
+        int L = g->visible[g->i0 + r / g->group];
         float *row = g->S + (size_t)r * g->count;
         for (int j = 0; j < L; j++)
             row[j] *= g->scale;
@@ -314,10 +313,9 @@ static void gemm_colsum_worker(void *ctx, int ith, int nth)
     const kvs_attn_args *a = g->a;
     int j0 = (int)((int64_t)g->count * ith / nth), j1 = (int)((int64_t)g->count * (ith + 1) / nth);
     for (int r = 0; r < g->rows; r++) {
-        int i = r % g->n;
-        if (!a->row_mask[i] || j0 >= j1)
+        if (!a->row_mask[g->i0 + r / g->group] || j0 >= j1)
             continue;
-        float *dst = a->colsum + (size_t)(g->head0 + r / g->n) * a->colsum_stride;
+        float *dst = a->colsum + (size_t)(g->head0 + r % g->group) * a->colsum_stride;
         kvs_axpy_f32(dst + j0, 1.0f, g->S + (size_t)r * g->count + j0, j1 - j0);
     }
 }
@@ -356,6 +354,11 @@ static int kivi_all_f16(const kvs_store *s, int layer)
     return 1;
 }
 
+/* Queries per chunk of the prefill products: a chunk multiplies only the slots its last query
+ * sees, so a prompt's causal half is mostly skipped (pp512 from an empty cache: 1280 of 2048
+ * query-by-slot blocks of 128 computed). */
+#define KVS_ATTN_CHUNK 128
+
 static kvs_status attend_gemm(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_attn_args *a,
                               const task *t, kvs_error *err)
 {
@@ -367,19 +370,22 @@ static kvs_status attend_gemm(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_at
     for (int kvh = 0; kvh < cfg->n_kv_heads; kvh++) {
         const int count = kvs_store_count(s, a->layer, kvh);
         const int32_t *pos = kvs_store_pos(s, a->layer, kvh);
-        size_t need = (size_t)rows * hd * 2 + (size_t)rows * count + (size_t)hd * count + n;
+        const int chunk_rows = group * (n < KVS_ATTN_CHUNK ? n : KVS_ATTN_CHUNK);
+        /* Q, O: rows x hd; S: chunk_rows x count; VT, VTc: hd x count each; visible: n */
+        size_t need = (size_t)rows * hd * 2 + (size_t)chunk_rows * count + (size_t)hd * count * 2 + n;
         if (kvs_store_kivi(s)) /* room for a dequantised copy of the keys */
             need += (size_t)hd * count;
         kvs_status st = reserve_gemm(sc, need, err);
         if (st != KVS_OK)
             return st;
         float *Q = sc->gemm, *O = Q + (size_t)rows * hd, *S = O + (size_t)rows * hd,
-              *VT = S + (size_t)rows * count;
-        int *visible = (int *)(VT + (size_t)hd * count);
-        for (int g = 0; g < group; g++)
-            for (int i = 0; i < n; i++)
-                memcpy(Q + ((size_t)g * n + i) * hd,
-                       a->q + ((size_t)i * a->n_heads + kvh * group + g) * hd, sizeof(float) * hd);
+              *VT = S + (size_t)chunk_rows * count, *VTc = VT + (size_t)hd * count;
+        int *visible = (int *)(VTc + (size_t)hd * count);
+        /* query-major rows (query i, head g at i * group + g), so that a chunk of queries is a
+         * block of rows */
+        for (int i = 0; i < n; i++)
+            memcpy(Q + (size_t)i * group * hd, a->q + ((size_t)i * a->n_heads + kvh * group) * hd,
+                   sizeof(float) * hd * group);
         for (int i = 0; i < n; i++) {
             int lo = 0, hi = count; /* first slot after qpos[i]: they are a suffix */
             while (lo < hi) {
@@ -411,20 +417,35 @@ static kvs_status attend_gemm(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_at
             keys = K;
             ktype = KVS_F32;
         }
-        st = kvs_matmul(pool, S, Q, keys, ktype, rows, hd, count);
-        if (st != KVS_OK)
-            return matmul_failed(st, "attention scores", a->layer, err);
-        gemm_softmax gs = {a, sc, S, visible, rows, n, count, kvh * group,
-                           1.0f / sqrtf((float)hd)};
-        kvs_pool_run(pool, gemm_softmax_worker, &gs);
-        if (a->colsum)
-            kvs_pool_run(pool, gemm_colsum_worker, &gs);
-        if ((st = kvs_matmul(pool, O, S, VT, KVS_F32, rows, count, hd)) != KVS_OK)
-            return matmul_failed(st, "attention outputs", a->layer, err);
-        for (int g = 0; g < group; g++)
-            for (int i = 0; i < n; i++)
-                memcpy(a->out + ((size_t)i * a->n_heads + kvh * group + g) * hd,
-                       O + ((size_t)g * n + i) * hd, sizeof(float) * hd);
+        for (int i0 = 0; i0 < n; i0 += KVS_ATTN_CHUNK) {
+            const int i1 = n - i0 < KVS_ATTN_CHUNK ? n : i0 + KVS_ATTN_CHUNK;
+            const int cr = group * (i1 - i0);
+            int cols = 0; /* the slots the chunk's queries see */
+            for (int i = i0; i < i1; i++)
+                cols = visible[i] > cols ? visible[i] : cols;
+            if (cols == 0) { /* nothing visible (no slot at or before these positions) */
+                memset(O + (size_t)i0 * group * hd, 0, sizeof(float) * (size_t)cr * hd);
+                continue;
+            }
+            st = kvs_matmul(pool, S, Q + (size_t)i0 * group * hd, keys, ktype, cr, hd, cols);
+            if (st != KVS_OK)
+                return matmul_failed(st, "attention scores", a->layer, err);
+            gemm_softmax gs = {a, S, visible, cr, group, i0, cols, kvh * group, 1.0f / sqrtf((float)hd)};
+            kvs_pool_run(pool, gemm_softmax_worker, &gs);
+            if (a->colsum)
+                kvs_pool_run(pool, gemm_colsum_worker, &gs);
+            const float *vt = VT;
+            if (cols < count) { /* the values' first cols slots, as rows of cols */
+                for (int d = 0; d < hd; d++)
+                    memcpy(VTc + (size_t)d * cols, VT + (size_t)d * count, sizeof(float) * cols);
+                vt = VTc;
+            }
+            if ((st = kvs_matmul(pool, O + (size_t)i0 * group * hd, S, vt, KVS_F32, cr, cols, hd)) != KVS_OK)
+                return matmul_failed(st, "attention outputs", a->layer, err);
+        }
+        for (int i = 0; i < n; i++)
+            memcpy(a->out + ((size_t)i * a->n_heads + kvh * group) * hd, O + (size_t)i * group * hd,
+                   sizeof(float) * hd * group);
     }
     return KVS_OK;
 }
