@@ -103,16 +103,13 @@ static void unstack_qkv(kvs_forward_buf *b, int n, int q_dim, int kv_dim)
     }
 }
 
-/* Rows [gate | up] of width 2 * hidden in hb become rows silu(gate) * up of width hidden, in
- * place: row i moves down to i * hidden, never over a row not yet read. */
-static void swiglu_stacked(float *hb, int n, int hidden)
+/* Rows of width 2 * hidden in hb whose first halves hold silu(gate) * up (STAGE_SWIGLU_STACKED)
+ * become rows of width hidden: row i moves down to i * hidden, in order, never over a row not
+ * yet moved. */
+static void swiglu_compact(float *hb, int n, int hidden)
 {
-    for (int i = 0; i < n; i++) {
-        float *row = hb + (size_t)i * 2 * hidden;
-        kvs_swiglu(row, row + hidden, hidden);
-        if (i > 0)
-            memmove(hb + (size_t)i * hidden, row, sizeof(float) * (size_t)hidden);
-    }
+    for (int i = 1; i < n; i++)
+        memmove(hb + (size_t)i * hidden, hb + (size_t)i * 2 * hidden, sizeof(float) * (size_t)hidden);
 }
 
 /* RMSNorm of each of n_heads heads of vec by the same head_dim weights (qwen3's Q/K norm). */
@@ -169,6 +166,72 @@ static kvs_status check_logits(const float *logits, int rows, int vocab, int pos
     return KVS_OK;
 }
 
+/* The per-token stages between the products, row by row: on the pool for a batch of at least
+ * ROWS_ON_POOL tokens (a prompt), else on the calling thread. Every row is computed alike
+ * whatever the split. */
+enum { STAGE_ATTN_NORM, STAGE_QK, STAGE_FFN_NORM, STAGE_SWIGLU, STAGE_SWIGLU_STACKED };
+#define ROWS_ON_POOL 16
+
+typedef struct {
+    const kvs_model *m;
+    const kvs_layer *L;
+    kvs_forward_buf *b;
+    int stage, n;
+} rows_job;
+
+static void rows_stage(const rows_job *j, int i0, int i1)
+{
+    const kvs_hparams *hp = &j->m->hp;
+    const kvs_layer *L = j->L;
+    kvs_forward_buf *b = j->b;
+    const int dim = hp->dim, q_dim = hp->n_heads * hp->head_dim,
+              kv_dim = hp->n_kv_heads * hp->head_dim;
+    const size_t pairs = (size_t)hp->rot_dim / 2;
+    for (int i = i0; i < i1; i++)
+        switch (j->stage) {
+        case STAGE_ATTN_NORM:
+        case STAGE_FFN_NORM:
+            kvs_rmsnorm(b->xb + (size_t)i * dim, b->x + (size_t)i * dim,
+                        j->stage == STAGE_ATTN_NORM ? L->attn_norm : L->ffn_norm, dim, hp->eps);
+            break;
+        case STAGE_QK: { /* per-head norms, RoPE */
+            float *q = b->q + (size_t)i * q_dim, *k = b->k + (size_t)i * kv_dim;
+            if (L->q_norm) {
+                head_norm(q, L->q_norm, hp->n_heads, hp->head_dim, hp->eps);
+                head_norm(k, L->k_norm, hp->n_kv_heads, hp->head_dim, hp->eps);
+            }
+            const float *cs = b->rope_cs + (size_t)i * pairs, *sn = b->rope_sn + (size_t)i * pairs;
+            kvs_rope_apply(q, hp->n_heads, hp->head_dim, hp->rot_dim, cs, sn, hp->rope_neox);
+            kvs_rope_apply(k, hp->n_kv_heads, hp->head_dim, hp->rot_dim, cs, sn, hp->rope_neox);
+            break;
+        }
+        case STAGE_SWIGLU:
+            kvs_swiglu(b->hb + (size_t)i * hp->hidden, b->hb2 + (size_t)i * hp->hidden, hp->hidden);
+            break;
+        default: { /* rows [gate | up] of hb, in place (swiglu_compact moves them down after) */
+            float *row = b->hb + (size_t)i * 2 * hp->hidden;
+            kvs_swiglu(row, row + hp->hidden, hp->hidden);
+            break;
+        }
+        }
+}
+
+static void rows_task(void *p, int ith, int nth)
+{
+    const rows_job *j = p;
+    rows_stage(j, (int)((int64_t)j->n * ith / nth), (int)((int64_t)j->n * (ith + 1) / nth));
+}
+
+static void run_rows(kvs_pool *pool, const kvs_model *m, const kvs_layer *L, kvs_forward_buf *b,
+                     int stage, int n)
+{
+    rows_job j = {m, L, b, stage, n};
+    if (pool && n >= ROWS_ON_POOL)
+        kvs_pool_run(pool, rows_task, &j);
+    else
+        rows_stage(&j, 0, n);
+}
+
 kvs_status kvs_forward(const struct kvs_model *m, kvs_pool *pool, kvs_kv *kv,
                        kvs_forward_buf *b, const int32_t *tokens, int n, int pos0, float *logits,
                        int all_logits, kvs_error *err)
@@ -190,9 +253,7 @@ kvs_status kvs_forward(const struct kvs_model *m, kvs_pool *pool, kvs_kv *kv,
 
     for (int l = 0; l < hp->n_layers; l++) {
         const kvs_layer *L = &m->layers[l];
-        for (int i = 0; i < n; i++)
-            kvs_rmsnorm(b->xb + (size_t)i * dim, b->x + (size_t)i * dim, L->attn_norm, dim,
-                        hp->eps);
+        run_rows(pool, m, L, b, STAGE_ATTN_NORM, n);
         /* Q, K, V: projections (plus biases), per-head norms, RoPE; the kv layer gets the
          * post-RoPE keys whatever the architecture. */
         kvs_status st;
@@ -211,36 +272,26 @@ kvs_status kvs_forward(const struct kvs_model *m, kvs_pool *pool, kvs_kv *kv,
             add_bias(b->k, L->bk, n, kv_dim);
             add_bias(b->v, L->bv, n, kv_dim);
         }
-        for (int i = 0; i < n; i++) {
-            float *q = b->q + (size_t)i * q_dim, *k = b->k + (size_t)i * kv_dim;
-            if (L->q_norm) {
-                head_norm(q, L->q_norm, hp->n_heads, hp->head_dim, hp->eps);
-                head_norm(k, L->k_norm, hp->n_kv_heads, hp->head_dim, hp->eps);
-            }
-            const float *cs = b->rope_cs + (size_t)i * pairs, *sn = b->rope_sn + (size_t)i * pairs;
-            kvs_rope_apply(q, hp->n_heads, hp->head_dim, hp->rot_dim, cs, sn, hp->rope_neox);
-            kvs_rope_apply(k, hp->n_kv_heads, hp->head_dim, hp->rot_dim, cs, sn, hp->rope_neox);
-        }
+        run_rows(pool, m, L, b, STAGE_QK, n);
         if ((st = kvs_kv_layer(kv, pool, l, n, b->q, b->k, b->v, b->pos, b->att, err)) != KVS_OK ||
             (st = matmul(pool, b->xb, b->att, &L->wo, n, ex, l, "attn_output", err)) != KVS_OK)
             return st;
         add_rows(b->x, b->xb, (size_t)n * dim);
 
-        for (int i = 0; i < n; i++)
-            kvs_rmsnorm(b->xb + (size_t)i * dim, b->x + (size_t)i * dim, L->ffn_norm, dim,
-                        hp->eps);
+        run_rows(pool, m, L, b, STAGE_FFN_NORM, n);
         if (L->w_gate_up.data) {
             st = matmul(pool, b->hb, b->xb, &L->w_gate_up, n, ex, l, "ffn_gate", err);
             if (st != KVS_OK)
                 return st;
-            swiglu_stacked(b->hb, n, hp->hidden);
+            run_rows(pool, m, L, b, STAGE_SWIGLU_STACKED, n);
+            swiglu_compact(b->hb, n, hp->hidden);
         } else {
             st = matmul(pool, b->hb, b->xb, &L->w_gate, n, ex, l, "ffn_gate", err);
             if (st == KVS_OK)
                 st = matmul(pool, b->hb2, b->xb, &L->w_up, n, ex, l, "ffn_up", err);
             if (st != KVS_OK)
                 return st;
-            kvs_swiglu(b->hb, b->hb2, n * hp->hidden);
+            run_rows(pool, m, L, b, STAGE_SWIGLU, n);
         }
         if ((st = matmul(pool, b->xb, b->hb, &L->w_down, n, ex, l, "ffn_down", err)) != KVS_OK)
             return st;
