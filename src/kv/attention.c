@@ -354,9 +354,44 @@ static int kivi_all_f16(const kvs_store *s, int layer)
     return 1;
 }
 
+/* The values of a head transposed to VT (hd rows of count slots), for the second product. */
+typedef struct {
+    const kvs_store *s;
+    int layer, kvh, kivi, hd, count;
+    float *VT;
+} vt_job;
+
+static void vt_slots(const vt_job *v, int j0, int j1)
+{
+    const kvs_store_config *cfg = kvs_store_cfg(v->s);
+    const char *values = kvs_store_values(v->s, v->layer, v->kvh);
+    const int hd = v->hd;
+    for (int j = j0; j < j1; j++) {
+        float row[hd];
+        if (v->kivi)
+            kvs_store_value_f32(v->s, v->layer, v->kvh, j, row);
+        else if (cfg->type == KVS_F32)
+            memcpy(row, values + (size_t)j * hd * 4, sizeof(float) * hd);
+        else
+            kvs_dequantize_row(KVS_F16, values + (size_t)j * hd * 2, row, hd);
+        for (int d = 0; d < hd; d++)
+            v->VT[(size_t)d * v->count + j] = row[d];
+    }
+}
+
+/* Slots split among the threads in multiples of 16, so that two rarely write one cache line. */
+static void vt_task(void *p, int ith, int nth)
+{
+    const vt_job *v = p;
+    const int units = (v->count + 15) / 16;
+    const int j0 = (int)((int64_t)units * ith / nth) * 16, j1 = (int)((int64_t)units * (ith + 1) / nth) * 16;
+    vt_slots(v, j0, j1 < v->count ? j1 : v->count);
+}
+
 /* Queries per chunk of the prefill products: a chunk multiplies only the slots its last query
- * sees, so a prompt's causal half is mostly skipped (pp512 from an empty cache: 1280 of 2048
- * query-by-slot blocks of 128 computed). */
+ * sees when that is at most 3/4 of them, so a prompt's causal half is mostly skipped (pp512
+ * from an empty cache: 1280 of 2048 query-by-slot blocks of 128 computed); a batch behind a
+ * long prefix multiplies all. */
 #define KVS_ATTN_CHUNK 128
 
 static kvs_status attend_gemm(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_attn_args *a,
@@ -397,18 +432,11 @@ static kvs_status attend_gemm(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_at
             }
             visible[i] = lo;
         }
-        const char *values = kvs_store_values(s, a->layer, kvh);
-        for (int j = 0; j < count; j++) {
-            float v[hd];
-            if (kivi)
-                kvs_store_value_f32(s, a->layer, kvh, j, v);
-            else if (cfg->type == KVS_F32)
-                memcpy(v, values + (size_t)j * hd * 4, sizeof(float) * hd);
-            else
-                kvs_dequantize_row(KVS_F16, values + (size_t)j * hd * 2, v, hd);
-            for (int d = 0; d < hd; d++)
-                VT[(size_t)d * count + j] = v[d];
-        }
+        vt_job vj = {s, a->layer, kvh, kivi, hd, count, VT};
+        if (pool && count >= 256)
+            kvs_pool_run(pool, vt_task, &vj);
+        else
+            vt_slots(&vj, 0, count);
         const void *keys = kvs_store_keys(s, a->layer, kvh);
         kvs_dtype ktype = cfg->type;
         if (kivi) { /* a prompt batch over quantised keys: one dequantised copy per batch */
@@ -423,6 +451,10 @@ static kvs_status attend_gemm(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_at
             int cols = 0; /* the slots the chunk's queries see */
             for (int i = i0; i < i1; i++)
                 cols = visible[i] > cols ? visible[i] : cols;
+            /* all of them when that skips little: the second product then reads VT in place,
+             * where fewer slots need a copy (of hd x cols floats, on this thread) */
+            if (cols > count - count / 4)
+                cols = count;
             if (cols == 0) { /* nothing visible (no slot at or before these positions) */
                 memset(O + (size_t)i0 * group * hd, 0, sizeof(float) * (size_t)cr * hd);
                 continue;
