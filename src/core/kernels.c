@@ -498,6 +498,13 @@ void kvs_swiglu(float *a, const float *b, int n)
         const __m512 silu = _mm512_div_ps(va, _mm512_add_ps(one, e));
         _mm512_mask_storeu_ps(a + i, m, _mm512_mul_ps(silu, vb));
     }
+#elif KVS_AVX2
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 va = _mm256_loadu_ps(a + i), vb = _mm256_loadu_ps(b + i);
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), va));
+        _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(va, _mm256_add_ps(one, e)), vb));
+    }
 #endif
     for (; i < n; i++) {
         const float v = a[i];
