@@ -376,7 +376,7 @@ typedef struct {
     int32_t *xi; /* 2 * nbp integer x-sum terms (tile Q6_K / IQ4_NL / Q5_0) */
     float *xl;  /* 2 * nbp: gemv K-quants, per super-block 16 lanes of xd (fill_x_row) */
     int32_t *xb; /* 8 * nbp: gemv Q6_K / IQ4_NL / Q5_0, per lane (4 bytes of xq) -off sum(q) */
-    /* AVX2 (x blocks on their super-block's grid, kvs_matmul_kq_ref_sb): xd[sb] = D / 128, */
+    /* AVX2 (x blocks on their super-block's grid, kvs_matmul_kq_ref_sb; xd[sb] holds D / 128): */
     int16_t *xk; /* 2 * nbp: per super-block k_0..7, 8 zeros (Q6_K: k_0 k_0 k_1 k_1 .. k_7 k_7) */
     int16_t *xp; /* 16 * nbp: Q6_K, per pair of blocks (at the first's place) the 16 lanes of
                   * 32 (q_2i + q_2i+1) of both (in avx2_pair's order) */
@@ -527,11 +527,13 @@ static void fill_x_row_sb(const kq_ctx *c, int r)
             _mm256_storeu_si256((__m256i *)(xq + (size_t)32 * b), v0);
             _mm256_storeu_si256((__m256i *)(xq + (size_t)32 * b + 32), v1);
             for (int e = 0; e < 2; e++) {
-                if (c->wt == KVS_Q6_K)
+                if (c->wt == KVS_Q6_K) {
                     xk[16 * sb + 2 * (p + e)] = xk[16 * sb + 2 * (p + e) + 1] = (int16_t)k[p + e];
-                else
-                    xo[b + e] = xdb[p + e] * (float)(s16[e][0] + s16[e][1]), xk[16 * sb + p + e] = (int16_t)k[p + e],
+                } else {
+                    xo[b + e] = xdb[p + e] * (float)(s16[e][0] + s16[e][1]);
+                    xk[16 * sb + p + e] = (int16_t)k[p + e];
                     xk[16 * sb + 8 + p + e] = 0;
+                }
             }
             if (c->wt == KVS_Q6_K) {
                 const __m256i m32 = _mm256_set1_epi8(32);
@@ -1146,16 +1148,17 @@ static void tile_rows(const kq_ctx *c, char *scratch, int r0, int r1, int o0, in
  * gather the whole super-block; then one conversion and one FMA by d D / 128. Q6_K's offset
  * comes off the 16-bit pair sums (32 (q_2i + q_2i+1) precomputed with x), so every lane sums
  * (u - 32) q exactly (a separate offset sum in other lanes cancelled after the conversion,
- * losing precision); its lanes stay below 2^31 (8 blocks x 2 x 8128 x 128 x 128 = 2.13e9).
- * Q4_K / Q5_K's min term is one FMA per super-block of dmin m_b by xd_b sum(q) (xo). Two
- * blocks' pair sums add in 16 bits before the VPMADDWD (avx2_pair interleaves their 8-byte
- * groups, x is stored so), so per x row and pair of blocks: 2 VPMADDUBSW, VPADDW, VPSHUFB (the
- * scales to their lanes), VPMADDWD, VPADDD; per x row and super-block one VPMULLW (sc k) and
- * the FMA. With x scaled per block of 32 on its own,
- * each pair of blocks needed a horizontal add, a conversion, a permutation and an FMA; with
- * one scale per super-block (llama.cpp's Q8_K) the logits of ../shared/models/arch moved
- * 1.5 times as far from the fp32 product (rms 0.14 against 0.097; the grid: 0.097-0.10). Up to
- * 4 x rows share each unpacked super-block. */
+ * losing precision). Q4_K / Q5_K's min term is one FMA per super-block of dmin m_b by xd_b
+ * sum(q) (xo). Two blocks' pair sums add in 16 bits before the VPMADDWD (avx2_pair interleaves
+ * their 8-byte groups, x is stored so; at most 4 x 31 x 127, Q6_K 4 x 32 x 127 after the
+ * offset), so per x row and pair of blocks: 2 VPMADDUBSW, VPADDW, VPSHUFB (the scales to their
+ * lanes), VPMADDWD, VPADDD; per x row and super-block one VPMULLW (sc k) and the FMA. A lane
+ * adds 4 VPMADDWD results per super-block: below 2^31 (Q6_K 4 x 2 x 16256 x 128 x 128 =
+ * 2.13e9). With x scaled per block of 32 on its own, each pair of blocks needed a horizontal
+ * add, a conversion, a permutation and an FMA; with one scale per super-block (llama.cpp's
+ * Q8_K) the logits of ../shared/models/arch moved 1.4 times as far from the fp32 product (rms
+ * 0.14 against 0.097; the grid: 0.097-0.10). Up to 4 x rows share each unpacked super-block;
+ * the pairing pays in decode too (natural order there, tried: tg128 Q4_K_M 13% slower). */
 
 /* Q4_K / Q5_K scale bytes (blk + 4, dtype.h) as [sc_0..7 | m_0..7]: s[0..3] hold sc 0..3 in
  * bits 0..5 and the top of sc 4..7 in bits 6..7; s[4..7] the same for m; s[8..11] the low
@@ -1192,6 +1195,14 @@ KVS_INLINE void avx2_pair(__m256i a, __m256i b, __m256i *v)
 {
     v[0] = _mm256_unpacklo_epi64(a, b);
     v[1] = _mm256_unpackhi_epi64(a, b);
+}
+
+/* A super-block's 8 unpacked blocks u as 4 pairs (avx2_pair) in v. */
+KVS_INLINE void avx2_pairs(const __m256i *u, __m256i *v)
+{
+    KVS_UNROLL
+    for (int p = 0; p < 8; p += 2)
+        avx2_pair(u[p], u[p + 1], v + p);
 }
 
 /* The 32 x bytes at block b (0..nb-1) of x row r (pairs of blocks in avx2_pair's order). */
@@ -1247,9 +1258,7 @@ KVS_INLINE void avx2_k4_row(int R, int five, const kq_ctx *c, const char *row, i
             }
         }
         __m256i v[8];
-        KVS_UNROLL
-        for (int p = 0; p < 8; p += 2)
-            avx2_pair(u[p], u[p + 1], v + p);
+        avx2_pairs(u, v);
         KVS_UNROLL
         for (int i = 0; i < R; i++) {
             /* sc_b k_b (at most 63 * 128) in both halves */
@@ -1299,9 +1308,7 @@ KVS_INLINE void avx2_q6k_row(int R, const kq_ctx *c, const char *row, int r, flo
                                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
         }
         __m256i v[8];
-        KVS_UNROLL
-        for (int p = 0; p < 8; p += 2)
-            avx2_pair(u[p], u[p + 1], v + p);
+        avx2_pairs(u, v);
         KVS_UNROLL
         for (int i = 0; i < R; i++) {
             /* sc_g k_(g/2) (at most 128 * 128 in size); its halves in both halves */
