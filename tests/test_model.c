@@ -154,6 +154,26 @@ int main(void)
         int32_t many[64] = {0};
         CHECK(kvs_session_eval(s, many, 60, NULL, 0, &err) == KVS_ERR_ARG);
         CHECK(strstr(err.msg, "exceed the context length 64") != NULL);
+        /* Chunks of 20 tokens run the stages between the products on the thread pool (16
+         * tokens or more): the same logits as token by token. */
+        kvs_session *s2 = NULL;
+        p.chunk = 20;
+        CHECK(kvs_session_new(m, &p, &s2, &err) == KVS_OK);
+        int32_t toks40[40];
+        for (int t = 0; t < 40; t++)
+            toks40[t] = (int32_t)((t * 37 + 11) % 320);
+        float *logits40 = malloc(sizeof(float) * 40 * 320);
+        CHECK(s2 && logits40 && kvs_session_eval(s2, toks40, 40, logits40, 1, &err) == KVS_OK);
+        kvs_session_reset(s2);
+        worst = 0;
+        for (int t = 0; s2 && logits40 && t < 40; t++) {
+            CHECK(kvs_session_eval(s2, &toks40[t], 1, one, 0, &err) == KVS_OK);
+            for (int i = 0; i < 320; i++)
+                worst = fmax(worst, fabs(one[i] - logits40[t * 320 + i]));
+        }
+        CHECKF(worst < 1e-4, "token-by-token vs chunks of 20: %g", worst);
+        free(logits40);
+        kvs_session_free(s2);
         free(logits);
         free(one);
         kvs_session_free(s);
