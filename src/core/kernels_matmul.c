@@ -1077,9 +1077,9 @@ static void f32_tiles(const mm_ctx *c, float *bp, int r0, int r1, int o0, int o1
 
 /* Q8_0 prefill: NC weight rows (o, o + 1) against R x rows (r ..) in registers, so that each
  * weight load feeds R products and each x load NC; per pair and block q8_lane_sums and one
- * FMA, as in q8_block_avx2. The pairs' scales dw * xd come 8 blocks at a time from one multiply each, stored
- * to sc and broadcast from there (a load, where q8_block_avx2 spends a permute). dw holds the
- * NC rows' scales as fp32, zero-padded to nbp like xd. */
+ * FMA, as in q8_block_avx2. The pairs' scales dw * xd come 8 blocks at a time from one
+ * multiply each, stored to sc and broadcast from there (a load, where q8_block_avx2 spends a
+ * permute). dw holds the NC rows' scales as fp32, zero-padded to nbp like xd. */
 KVS_INLINE void q8_tile_avx2(int R, int NC, const mm_ctx *c, const float *dw, int o, int r)
 {
     const kvs_block_q8_0 *blk[2];
@@ -1194,6 +1194,18 @@ static size_t portable_scratch_bytes(int K)
 #endif
 }
 
+/* 1 when AVX2's packed F32 panels (f32_tiles) take a call of n_rows x rows: F32, F16 or BF16
+ * weights and at least F2_MIN_ROWS rows; the work split gives them whole panels. */
+static int f32_panel_rows(kvs_dtype wt, int n_rows)
+{
+#if KVS_AVX2
+    return (wt == KVS_F32 || wt == KVS_F16 || wt == KVS_BF16) && n_rows >= F2_MIN_ROWS;
+#else
+    (void)wt, (void)n_rows;
+    return 0;
+#endif
+}
+
 static void portable_rows(const mm_ctx *c, char *scratch, int r0, int r1, int o0, int o1)
 {
     const int K = c->n_in;
@@ -1209,7 +1221,7 @@ static void portable_rows(const mm_ctx *c, char *scratch, int r0, int r1, int o0
     /* F32 with one x row (decode) stays on the per-row dots below: this kernel streamed the
      * weights from DRAM more slowly there (bench_matmul's model decode 14-22 GB/s against
      * 23-28, alternating runs; with 2 or 1 weight rows at a time, with or without prefetch) */
-    if ((c->wt == KVS_F32 || c->wt == KVS_F16 || c->wt == KVS_BF16) && r1 - r0 >= F2_MIN_ROWS) {
+    if (f32_panel_rows(c->wt, r1 - r0)) {
         f32_tiles(c, wrow, r0, r1, o0, o1);
         return;
     }
@@ -1431,9 +1443,7 @@ kvs_status kvs_matmul_ex(kvs_pool *pool, float *y, const float *x, const void *w
      * half a panel, as attention's 64-column products did at two threads), of 4 for the gemv
      * kernels; grains of a quarter share for the tiles, of about 32 KiB of weights for gemv.
      * Rows instead when there are too few columns to go around and plenty of rows. */
-    const int f32_panels = KVS_AVX2 && path == PATH_PORTABLE && n_rows >= F2_MIN_ROWS &&
-                           (wt == KVS_F32 || wt == KVS_F16 || wt == KVS_BF16);
-    c.unit = path == PATH_TILE || f32_panels ? 16 : 4;
+    c.unit = path == PATH_TILE || (path == PATH_PORTABLE && f32_panel_rows(wt, n_rows)) ? 16 : 4;
     const int col_units = (n_out + c.unit - 1) / c.unit;
     c.by_rows = kvs_split_by_rows(col_units, n_rows, nth);
     kvs_split_init(&c.split, col_units, nth,

@@ -384,9 +384,13 @@ static void vt_task(void *p, int ith, int nth)
 {
     const vt_job *v = p;
     const int units = (v->count + 15) / 16;
-    const int j0 = (int)((int64_t)units * ith / nth) * 16, j1 = (int)((int64_t)units * (ith + 1) / nth) * 16;
+    const int j0 = (int)((int64_t)units * ith / nth) * 16;
+    const int j1 = (int)((int64_t)units * (ith + 1) / nth) * 16;
     vt_slots(v, j0, j1 < v->count ? j1 : v->count);
 }
+
+/* Fewer slots are transposed on the calling thread (a pool run costs more than they do). */
+#define KVS_VT_ON_POOL 256
 
 /* Queries per chunk of the prefill products: a chunk multiplies only the slots its last query
  * sees when that is at most 3/4 of them, so a prompt's causal half is mostly skipped (pp512
@@ -407,7 +411,8 @@ static kvs_status attend_gemm(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_at
         const int32_t *pos = kvs_store_pos(s, a->layer, kvh);
         const int chunk_rows = group * (n < KVS_ATTN_CHUNK ? n : KVS_ATTN_CHUNK);
         /* Q, O: rows x hd; S: chunk_rows x count; VT, VTc: hd x count each; visible: n */
-        size_t need = (size_t)rows * hd * 2 + (size_t)chunk_rows * count + (size_t)hd * count * 2 + n;
+        size_t need = (size_t)rows * hd * 2 + (size_t)chunk_rows * count +
+                      (size_t)hd * count * 2 + n;
         if (kvs_store_kivi(s)) /* room for a dequantised copy of the keys */
             need += (size_t)hd * count;
         kvs_status st = reserve_gemm(sc, need, err);
@@ -433,7 +438,7 @@ static kvs_status attend_gemm(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_at
             visible[i] = lo;
         }
         vt_job vj = {s, a->layer, kvh, kivi, hd, count, VT};
-        if (pool && count >= 256)
+        if (pool && count >= KVS_VT_ON_POOL)
             kvs_pool_run(pool, vt_task, &vj);
         else
             vt_slots(&vj, 0, count);
@@ -462,7 +467,8 @@ static kvs_status attend_gemm(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_at
             st = kvs_matmul(pool, S, Q + (size_t)i0 * group * hd, keys, ktype, cr, hd, cols);
             if (st != KVS_OK)
                 return matmul_failed(st, "attention scores", a->layer, err);
-            gemm_softmax gs = {a, S, visible, cr, group, i0, cols, kvh * group, 1.0f / sqrtf((float)hd)};
+            gemm_softmax gs = {a, S, visible, cr, group, i0, cols, kvh * group,
+                               1.0f / sqrtf((float)hd)};
             kvs_pool_run(pool, gemm_softmax_worker, &gs);
             if (a->colsum)
                 kvs_pool_run(pool, gemm_colsum_worker, &gs);
@@ -472,7 +478,8 @@ static kvs_status attend_gemm(kvs_pool *pool, kvs_attn_scratch *sc, const kvs_at
                     memcpy(VTc + (size_t)d * cols, VT + (size_t)d * count, sizeof(float) * cols);
                 vt = VTc;
             }
-            if ((st = kvs_matmul(pool, O + (size_t)i0 * group * hd, S, vt, KVS_F32, cr, cols, hd)) != KVS_OK)
+            st = kvs_matmul(pool, O + (size_t)i0 * group * hd, S, vt, KVS_F32, cr, cols, hd);
+            if (st != KVS_OK)
                 return matmul_failed(st, "attention outputs", a->layer, err);
         }
         for (int i = 0; i < n; i++)
