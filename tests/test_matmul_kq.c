@@ -324,6 +324,12 @@ static void test_shapes(kq_state *st)
             check_case(st, types[t], 1, 512, 33);
             check_case(st, types[t], 6, 1280, 70);
         }
+        /* AVX2's 8-column tiles (from 16 or 24 rows) with 1, 2 and 3 x rows left over */
+        const kvs_dtype ks[] = {KVS_Q4_K, KVS_Q5_K, KVS_Q6_K};
+        for (size_t t = 0; t < sizeof ks / sizeof ks[0]; t++) {
+            check_case(st, ks[t], 26, 768, 17);
+            check_case(st, ks[t], 35, 512, 100);
+        }
     }
 }
 

@@ -86,6 +86,17 @@
  *   q5_0   81/145  116/134  131/143  146/149  158/134  197/149
  *   q5_1   82/136  104/122  119/129  133/136  144/122  179/136
  * (packing a panel costs more than Q8_0's, whose tiles win from 3 rows). */
+/* AVX2 (no VNNI): smallest n_rows for the 8-column tiles (avx2_tile; below, the row kernels,
+ * up to 4 x rows per pass over W). Measured on Zen 4, 768 x 2048, one thread, GFLOP/s tile / row
+ * kernels (best of 7 x 20 calls, two runs, noisy VM):
+ *   rows     8            12           16           20           24           32
+ *   q4_K   60-67/62-88  78/63-88     69-79/63-87  73-83/62-87  67-91/59-87  83-89/85-86
+ *   q6_K   43-61/56-78  51-72/64-79  77-78/76-79  82/74-75     83-86/66     89/63-65
+ * (the panel is unpacked once per call: at 512 rows about 2% of the time). */
+#ifndef KQ2_TILE_MIN_ROWS
+#define KQ2_TILE_MIN_ROWS(wt) ((wt) == KVS_Q6_K ? 16 : 24)
+#endif
+
 #ifndef KQ_TILE_MIN_ROWS
 #define KQ_TILE_MIN_ROWS(wt) ((wt) == KVS_Q6_K ? 12 : (wt) == KVS_Q4_K || (wt) == KVS_Q5_K ? 8 : 9)
 #endif
@@ -357,7 +368,7 @@ void kvs_matmul_kq_ref_sb(float *y, const float *x, const void *w, kvs_dtype wt,
 /* ------------------------------------------------------------------------------------------ */
 /* Shared context                                                                             */
 
-enum { PATH_PORTABLE, PATH_GEMV, PATH_TILE, PATH_AVX2 };
+enum { PATH_PORTABLE, PATH_GEMV, PATH_TILE, PATH_AVX2, PATH_AVX2_TILE };
 
 typedef struct {
     float *y;
@@ -544,6 +555,40 @@ static void fill_x_row_sb(const kq_ctx *c, int r)
         xd[sb] = dd * (1.0f / 128.0f);
     }
 }
+
+/* The x row of the tiles (kvs_matmul_kq_ref_sb's quantiser, sb_scales) in element order: xd[b]
+ * = xd_b; Q4_K / Q5_K xo[b] = xd_b sum(q); Q6_K xp[4 b + g / 2] the offset lanes of groups g and
+ * g + 1 (what VPMADDUBSW of 32s gives against them, summed: 32 (q0 + q1) of both in the even
+ * 16-bit lane, 32 (q2 + q3) in the odd). */
+static void fill_x_row_tile(const kq_ctx *c, int r)
+{
+    const float *x = c->x + (size_t)r * c->n_in;
+    int8_t *xq = c->xq + (size_t)r * c->nbp * 32;
+    float *xd = c->xd + (size_t)r * c->nbp, *xo = c->xo + (size_t)r * 2 * c->nbp;
+    int32_t *xp = (int32_t *)c->xp + (size_t)r * 4 * c->nbp;
+    for (int sb = 0; sb < c->nb / 8; sb++) {
+        const float *xs = x + (size_t)256 * sb;
+        float amax[8], dd;
+        int k[8];
+        for (int p = 0; p < 8; p++)
+            amax[p] = kvs_amax_avx2(xs + 32 * p, 32);
+        sb_scales(amax, k, xd + 8 * sb, &dd);
+        for (int p = 0; p < 8; p++) {
+            const int b = 8 * sb + p;
+            int32_t s16[2];
+            kvs_quant32_id_avx2(xs + 32 * p, xd[b] != 0.0f ? 1.0f / xd[b] : 0.0f, xq + (size_t)32 * b, s16);
+            xo[b] = xd[b] * (float)(s16[0] + s16[1]);
+            if (c->wt == KVS_Q6_K) {
+                const int8_t *q = xq + (size_t)32 * b;
+                for (int g = 0; g < 8; g += 2) {
+                    const int ev = 32 * (q[4 * g] + q[4 * g + 1] + q[4 * g + 4] + q[4 * g + 5]);
+                    const int od = 32 * (q[4 * g + 2] + q[4 * g + 3] + q[4 * g + 6] + q[4 * g + 7]);
+                    xp[4 * b + g / 2] = (int32_t)((uint32_t)(uint16_t)ev | (uint32_t)(uint16_t)od << 16);
+                }
+            }
+        }
+    }
+}
 #endif
 
 static void quantize_x_task(void *p, int ith, int nth)
@@ -555,6 +600,10 @@ static void quantize_x_task(void *p, int ith, int nth)
 #if KVS_AVX2
         if (c->path == PATH_AVX2) {
             fill_x_row_sb(c, r);
+            continue;
+        }
+        if (c->path == PATH_AVX2_TILE) {
+            fill_x_row_tile(c, r);
             continue;
         }
 #endif
@@ -1221,12 +1270,50 @@ KVS_INLINE __m256i avx2_xk16(const kq_ctx *c, int r, int sb)
     return _mm256_loadu_si256((const __m256i *)(c->xk + ((size_t)r * c->nbp + 8 * (size_t)sb) * 2));
 }
 
+/* The u of one Q4_K (five = 0) or Q5_K (five = 1) super-block at blk as its 8 blocks in element
+ * order: block 2 j holds the low nibbles of qs[32 j ..], 2 j + 1 the high; Q5_K's bit 4 is bit
+ * 2 j (2 j + 1) of qh[l]. */
+KVS_INLINE void avx2_k4_unpack(int five, const char *blk, __m256i *u)
+{
+    const size_t qs_off = five ? offsetof(kvs_block_q5_K, qs) : offsetof(kvs_block_q4_K, qs);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
+    const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(blk + offsetof(kvs_block_q5_K, qh)))
+                            : _mm256_setzero_si256();
+    KVS_UNROLL
+    for (int j = 0; j < 4; j++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + qs_off + 32 * j));
+        u[2 * j] = _mm256_and_si256(raw, m4);
+        u[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+        if (five) {
+            u[2 * j] = _mm256_or_si256(u[2 * j], _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * j), 4), b4));
+            u[2 * j + 1] = _mm256_or_si256(u[2 * j + 1],
+                                           _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * j + 1), 4), b4));
+        }
+    }
+}
+
+/* The u of one Q6_K super-block as its 8 blocks in element order (dtype.h's quarters of each
+ * half: low or high nibbles of ql, two bits of qh). */
+KVS_INLINE void avx2_q6k_unpack(const kvs_block_q6_K *k, __m256i *u)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
+    KVS_UNROLL
+    for (int h = 0; h < 2; h++) {
+        const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(k->ql + 64 * h));
+        const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(k->ql + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(k->qh + 32 * h));
+        u[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2));
+        u[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2));
+        u[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2));
+        u[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                       _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
+    }
+}
+
 /* y of R x rows from r against one Q4_K (five = 0) or Q5_K (five = 1) row. */
 KVS_INLINE void avx2_k4_row(int R, int five, const kq_ctx *c, const char *row, int r, float *y)
 {
     const size_t sbb = five ? sizeof(kvs_block_q5_K) : sizeof(kvs_block_q4_K);
-    const size_t qs_off = five ? offsetof(kvs_block_q5_K, qs) : offsetof(kvs_block_q4_K, qs);
-    const __m256i m4 = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
     __m256 acc[4], mac[4]; /* the sc terms, the min terms */
     KVS_UNROLL
     for (int i = 0; i < R; i++)
@@ -1243,20 +1330,8 @@ KVS_INLINE void avx2_k4_row(int R, int five, const kq_ctx *c, const char *row, i
         const float d = _mm_cvtss_f32(dm);
         const __m256 mn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(scm, 8))),
                                         _mm256_broadcastss_ps(_mm_movehdup_ps(dm))); /* dmin m_0..7 */
-        const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(blk + offsetof(kvs_block_q5_K, qh)))
-                                : _mm256_setzero_si256();
-        __m256i u[8]; /* blocks 2 j (low nibbles of qs[32 j ..]) and 2 j + 1 (high) */
-        KVS_UNROLL
-        for (int j = 0; j < 4; j++) {
-            const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + qs_off + 32 * j));
-            u[2 * j] = _mm256_and_si256(raw, m4);
-            u[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-            if (five) { /* bit 2 j (low) and 2 j + 1 (high) of qh[l] to bit 4 */
-                u[2 * j] = _mm256_or_si256(u[2 * j], _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * j), 4), b4));
-                u[2 * j + 1] = _mm256_or_si256(u[2 * j + 1],
-                                               _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * j + 1), 4), b4));
-            }
-        }
+        __m256i u[8];
+        avx2_k4_unpack(five, blk, u);
         __m256i v[8];
         avx2_pairs(u, v);
         KVS_UNROLL
@@ -1284,7 +1359,6 @@ KVS_INLINE void avx2_k4_row(int R, int five, const kq_ctx *c, const char *row, i
 /* y of R x rows from r against one Q6_K row. */
 KVS_INLINE void avx2_q6k_row(int R, const kq_ctx *c, const char *row, int r, float *y)
 {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
     __m256 acc[4];
     KVS_UNROLL
     for (int i = 0; i < R; i++)
@@ -1295,18 +1369,8 @@ KVS_INLINE void avx2_q6k_row(int R, const kq_ctx *c, const char *row, int r, flo
             KVS_PREFETCH_AHEAD(k, sizeof *k - 1);
         const float d = kvs_fp16_to_fp32_scalar(k->d);
         const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)k->scales)); /* sc_0..15 */
-        __m256i u[8]; /* blocks 0..7 (dtype.h's quarters of each half) */
-        KVS_UNROLL
-        for (int h = 0; h < 2; h++) {
-            const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(k->ql + 64 * h));
-            const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(k->ql + 64 * h + 32));
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)(k->qh + 32 * h));
-            u[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2));
-            u[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2));
-            u[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2));
-            u[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
-        }
+        __m256i u[8];
+        avx2_q6k_unpack(k, u);
         __m256i v[8];
         avx2_pairs(u, v);
         KVS_UNROLL
@@ -1335,6 +1399,233 @@ KVS_INLINE void avx2_q6k_row(int R, const kq_ctx *c, const char *row, int r, flo
     KVS_UNROLL
     for (int i = 0; i < R; i++)
         y[(size_t)(r + i) * c->n_out] = kvs_hsum256(acc[i]);
+}
+
+/* ---- AVX2 prefill tiles: 8 weight rows in the 8 lanes ---------------------------------------
+ *
+ * For n_rows >= KQ2_TILE_MIN_ROWS each thread unpacks a panel of 8 output columns once per call
+ * (avx2_pack_panel) and runs every x row through it, 4 at a time: a vector of the panel holds
+ * 4 consecutive u bytes of one block for each of the 8 weight rows (an 8 x 8 transposition of
+ * the unpacked super-blocks), and VPMADDUBSW against a broadcast 4-byte group of x gives each
+ * row's pair sums in its own two 16-bit lanes; so the outputs come out as 8 columns of a vector,
+ * with no horizontal sum, and one panel load serves 4 x rows. Per x row and block of 32: 8
+ * VPMADDUBSW whose sums add in 16 bits (Q4_K: at most 8 x 2 x 15 x 127 = 30480; Q5_K in halves
+ * of 4 groups; Q6_K in pairs of groups less the offset, as in avx2_q6k_row), one VPMADDWD by the
+ * rows' 16-bit scales (two for Q5_K's halves and Q6_K's sub-blocks of 16), a conversion and an
+ * FMA by d times the block's xd_b (x on the same grid as the row kernels: kvs_matmul_kq_ref_sb;
+ * only the summation order differs), plus Q4_K / Q5_K's min term, one FMA of the rows' dmin m_b
+ * by xd_b sum(q). A block's 32-bit sums stay below 2^31 / 2 (Q6_K: 2 x 16 x 32 x 127 x 128). */
+
+#define KQ2_SC_OFF 2048                 /* per super-block: u [8 blocks][8 groups][8 rows][4] */
+#define KQ2_D_OFF (KQ2_SC_OFF + 16 * 32) /* 16-bit scales [block or Q6_K sub-block][8 rows x 2] */
+#define KQ2_M_OFF (KQ2_D_OFF + 32)       /* d [8 rows], then Q4_K / Q5_K dmin m [8 blocks][8 rows] */
+#define KQ2_SB_BYTES (KQ2_M_OFF + 8 * 32)
+
+static size_t kq2_scratch_bytes(int nb) { return align64((size_t)(nb / 8) * KQ2_SB_BYTES); }
+
+/* out[g] lane j = in[j] lane g: an 8 x 8 transposition of 32-bit lanes. */
+KVS_INLINE void avx2_transpose8(const __m256i *in, __m256i *out)
+{
+    __m256i t[8], v[8];
+    KVS_UNROLL
+    for (int j = 0; j < 8; j += 2) {
+        t[j] = _mm256_unpacklo_epi32(in[j], in[j + 1]);     /* lanes 0 1 | 4 5 of rows j, j + 1 */
+        t[j + 1] = _mm256_unpackhi_epi32(in[j], in[j + 1]); /* 2 3 | 6 7 */
+    }
+    KVS_UNROLL
+    for (int h = 0; h < 8; h += 4) { /* rows h .. h + 3 */
+        v[h] = _mm256_unpacklo_epi64(t[h], t[h + 2]);         /* lane 0 | 4 */
+        v[h + 1] = _mm256_unpackhi_epi64(t[h], t[h + 2]);     /* 1 | 5 */
+        v[h + 2] = _mm256_unpacklo_epi64(t[h + 1], t[h + 3]); /* 2 | 6 */
+        v[h + 3] = _mm256_unpackhi_epi64(t[h + 1], t[h + 3]); /* 3 | 7 */
+    }
+    KVS_UNROLL
+    for (int g = 0; g < 4; g++) {
+        out[g] = _mm256_permute2x128_si256(v[g], v[4 + g], 0x20);
+        out[4 + g] = _mm256_permute2x128_si256(v[g], v[4 + g], 0x31);
+    }
+}
+
+/* 8 signed 32-bit lanes as 16-bit values in both halves (a VPMADDWD operand per lane pair). */
+KVS_INLINE __m256i avx2_dup16(__m256i v)
+{
+    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
+}
+
+/* Packs columns [o, o + nc) (nc <= 8; the rest zero, so they add nothing) into pk, per
+ * super-block as the KQ2_ offsets lay out: each row's super-block unpacked (the row kernels'
+ * avx2_k4_unpack / avx2_q6k_unpack) and its scales widened, then rows turned into lanes. */
+static void avx2_pack_panel(const kq_ctx *c, int o, int nc, char *pk)
+{
+    const size_t sbb = sb_bytes(c->wt);
+    const int six = c->wt == KVS_Q6_K;
+    _Alignas(32) uint8_t un[8][8][32]; /* [row][block][element] */
+    for (int sb = 0; sb < c->nb / 8; sb++) {
+        char *ps = pk + (size_t)sb * KQ2_SB_BYTES;
+        __m256i sc[2][8], mn[8], tr[8]; /* per row: scales (Q6_K: two halves), mins */
+        _Alignas(32) float d[8], dmin[8];
+        for (int j = 0; j < 8; j++) {
+            __m256i u[8];
+            const char *blk = c->w + (size_t)(o + j) * c->row_bytes + (size_t)sb * sbb;
+            sc[0][j] = sc[1][j] = mn[j] = _mm256_setzero_si256();
+            d[j] = dmin[j] = 0.0f;
+            if (j >= nc) {
+                for (int b = 0; b < 8; b++)
+                    u[b] = _mm256_setzero_si256();
+            } else if (six) {
+                const kvs_block_q6_K *k = (const kvs_block_q6_K *)blk;
+                avx2_q6k_unpack(k, u);
+                const __m128i s8 = _mm_loadu_si128((const __m128i *)k->scales);
+                sc[0][j] = avx2_dup16(_mm256_cvtepi8_epi32(s8));
+                sc[1][j] = avx2_dup16(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8)));
+                d[j] = kvs_fp16_to_fp32_scalar(k->d);
+            } else {
+                avx2_k4_unpack(c->wt == KVS_Q5_K, blk, u);
+                const __m128i scm = avx2_k4_scales(blk);
+                sc[0][j] = avx2_dup16(_mm256_cvtepu8_epi32(scm));
+                mn[j] = _mm256_cvtepu8_epi32(_mm_srli_si128(scm, 8));
+                d[j] = kvs_fp16_to_fp32_scalar(kvs_load_u16(blk));
+                dmin[j] = kvs_fp16_to_fp32_scalar(kvs_load_u16(blk + 2));
+            }
+            for (int b = 0; b < 8; b++)
+                _mm256_store_si256((__m256i *)un[j][b], u[b]);
+        }
+        _mm256_store_ps((float *)(ps + KQ2_D_OFF), _mm256_load_ps(d));
+        for (int h = 0; h < 1 + six; h++) {
+            avx2_transpose8(sc[h], tr);
+            for (int b = 0; b < 8; b++)
+                _mm256_store_si256((__m256i *)(ps + KQ2_SC_OFF + 32 * (8 * h + b)), tr[b]);
+        }
+        if (!six) {
+            avx2_transpose8(mn, tr);
+            const __m256 dm = _mm256_load_ps(dmin);
+            for (int b = 0; b < 8; b++)
+                _mm256_store_ps((float *)(ps + KQ2_M_OFF + 32 * b), _mm256_mul_ps(_mm256_cvtepi32_ps(tr[b]), dm));
+        }
+        /* each block: rows' 8 groups of 4 bytes -> groups' 8 rows */
+        for (int b = 0; b < 8; b++) {
+            __m256i in[8];
+            for (int j = 0; j < 8; j++)
+                in[j] = _mm256_load_si256((const __m256i *)un[j][b]);
+            avx2_transpose8(in, tr);
+            for (int g = 0; g < 8; g++)
+                _mm256_store_si256((__m256i *)(ps + (size_t)b * 256) + g, tr[g]);
+        }
+    }
+}
+
+/* The 4 x bytes of group g of block b of x row r, in every 32-bit lane. */
+KVS_INLINE __m256i kq2_x4(const kq_ctx *c, int r, int b, int g)
+{
+    int32_t v;
+    memcpy(&v, c->xq + ((size_t)r * c->nbp + (size_t)b) * 32 + 4 * g, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* out[8 i + j] = y of x row r + i (i < R) and panel column j. */
+KVS_INLINE void avx2_tile(int R, kvs_dtype wt, const kq_ctx *c, int r, const char *pk, float *out)
+{
+    __m256 acc[4];
+    KVS_UNROLL
+    for (int i = 0; i < R; i++)
+        acc[i] = _mm256_setzero_ps();
+    for (int sb = 0; sb < c->nb / 8; sb++) {
+        const char *ps = pk + (size_t)sb * KQ2_SB_BYTES;
+        const __m256 dv = _mm256_load_ps((const float *)(ps + KQ2_D_OFF));
+        for (int p = 0; p < 8; p++) {
+            const int b = 8 * sb + p;
+            const __m256i *w = (const __m256i *)(ps + (size_t)p * 256);
+            __m256i is[4];
+            if (wt == KVS_Q6_K) {
+                KVS_UNROLL
+                for (int h = 0; h < 2; h++) { /* the sub-blocks of 16: groups 4 h .. 4 h + 3 */
+                    const __m256i sc = _mm256_load_si256((const __m256i *)(ps + KQ2_SC_OFF + 32 * (2 * p + h)));
+                    __m256i t[4];
+                    KVS_UNROLL
+                    for (int g = 4 * h; g < 4 * h + 4; g += 2) {
+                        const __m256i w0 = _mm256_load_si256(w + g), w1 = _mm256_load_si256(w + g + 1);
+                        KVS_UNROLL
+                        for (int i = 0; i < R; i++) {
+                            const __m256i off = _mm256_set1_epi32(((const int32_t *)c->xp)[((size_t)(r + i) * c->nbp + b) * 4 + g / 2]);
+                            const __m256i pr = _mm256_sub_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w0, kq2_x4(c, r + i, b, g)),
+                                                                                 _mm256_maddubs_epi16(w1, kq2_x4(c, r + i, b, g + 1))),
+                                                                off);
+                            t[i] = g == 4 * h ? pr : _mm256_add_epi16(t[i], pr);
+                        }
+                    }
+                    KVS_UNROLL
+                    for (int i = 0; i < R; i++) {
+                        const __m256i m = _mm256_madd_epi16(t[i], sc);
+                        is[i] = h == 0 ? m : _mm256_add_epi32(is[i], m);
+                    }
+                }
+            } else {
+                const __m256i sc = _mm256_load_si256((const __m256i *)(ps + KQ2_SC_OFF + 32 * p));
+                const int G = wt == KVS_Q5_K ? 4 : 8; /* groups whose 16-bit sums cannot overflow */
+                KVS_UNROLL
+                for (int g0 = 0; g0 < 8; g0 += G) {
+                    __m256i t[4];
+                    KVS_UNROLL
+                    for (int g = g0; g < g0 + G; g++) {
+                        const __m256i wv = _mm256_load_si256(w + g);
+                        KVS_UNROLL
+                        for (int i = 0; i < R; i++) {
+                            const __m256i pr = _mm256_maddubs_epi16(wv, kq2_x4(c, r + i, b, g));
+                            t[i] = g == g0 ? pr : _mm256_add_epi16(t[i], pr);
+                        }
+                    }
+                    KVS_UNROLL
+                    for (int i = 0; i < R; i++) {
+                        const __m256i m = _mm256_madd_epi16(t[i], sc);
+                        is[i] = g0 == 0 ? m : _mm256_add_epi32(is[i], m);
+                    }
+                }
+            }
+            const __m256 mv = wt == KVS_Q6_K ? _mm256_setzero_ps() : _mm256_load_ps((const float *)(ps + KQ2_M_OFF + 32 * p));
+            KVS_UNROLL
+            for (int i = 0; i < R; i++) {
+                const size_t xr = (size_t)(r + i) * c->nbp;
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[i]), _mm256_mul_ps(dv, _mm256_set1_ps(c->xd[xr + b])), acc[i]);
+                if (wt != KVS_Q6_K)
+                    acc[i] = _mm256_fnmadd_ps(mv, _mm256_set1_ps(c->xo[2 * xr + b]), acc[i]);
+            }
+        }
+    }
+    KVS_UNROLL
+    for (int i = 0; i < R; i++)
+        _mm256_storeu_ps(out + 8 * i, acc[i]);
+}
+
+#define KQ2_TILE_FNS(name, wt)                                                                    \
+    static KVS_NOINLINE void name(int R, const kq_ctx *c, int r, const char *pk, float *out)     \
+    {                                                                                            \
+        switch (R) {                                                                             \
+        case 1: avx2_tile(1, wt, c, r, pk, out); break;                                          \
+        case 2: avx2_tile(2, wt, c, r, pk, out); break;                                          \
+        case 3: avx2_tile(3, wt, c, r, pk, out); break;                                          \
+        default: avx2_tile(4, wt, c, r, pk, out); break;                                         \
+        }                                                                                        \
+    }
+KQ2_TILE_FNS(avx2_tile_q4k, KVS_Q4_K)
+KQ2_TILE_FNS(avx2_tile_q5k, KVS_Q5_K)
+KQ2_TILE_FNS(avx2_tile_q6k, KVS_Q6_K)
+#undef KQ2_TILE_FNS
+
+static void avx2_tile_rows(const kq_ctx *c, char *scratch, int r0, int r1, int o0, int o1)
+{
+    void (*tile)(int, const kq_ctx *, int, const char *, float *) =
+        c->wt == KVS_Q6_K ? avx2_tile_q6k : c->wt == KVS_Q5_K ? avx2_tile_q5k : avx2_tile_q4k;
+    for (int o = o0; o < o1; o += 8) {
+        const int nc = o1 - o < 8 ? o1 - o : 8;
+        avx2_pack_panel(c, o, nc, scratch);
+        for (int r = r0; r < r1; r += 4) {
+            const int R = r1 - r < 4 ? r1 - r : 4;
+            _Alignas(32) float out[32];
+            tile(R, c, r, scratch, out);
+            for (int i = 0; i < R; i++)
+                memcpy(c->y + (size_t)(r + i) * c->n_out + o, out + 8 * i, sizeof(float) * (size_t)nc);
+        }
+    }
 }
 
 KVS_INLINE void avx2_row(int R, const kq_ctx *c, const char *row, int r, float *y)
@@ -1384,6 +1675,7 @@ static void run_path(const kq_ctx *c, char *scratch, int r0, int r1, int o0, int
 #endif
 #if KVS_AVX2
     case PATH_AVX2: avx2_rows(c, r0, r1, o0, o1); break;
+    case PATH_AVX2_TILE: avx2_tile_rows(c, scratch, r0, r1, o0, o1); break;
 #endif
     default:
         (void)scratch;
@@ -1423,8 +1715,9 @@ static int choose_path(kvs_dtype wt, int n_rows)
 #if KVS_AVX512_VNNI
     return n_rows < KQ_TILE_MIN_ROWS(wt) ? PATH_GEMV : PATH_TILE;
 #else
-    (void)n_rows;
-    return KVS_AVX2 && k_super_type(wt) ? PATH_AVX2 : PATH_PORTABLE;
+    if (!KVS_AVX2 || !k_super_type(wt))
+        return PATH_PORTABLE;
+    return n_rows < KQ2_TILE_MIN_ROWS(wt) ? PATH_AVX2 : PATH_AVX2_TILE;
 #endif
 }
 
@@ -1446,7 +1739,8 @@ kvs_status kvs_matmul_kq_avx2(kvs_pool *pool, float *y, const float *x, const vo
 {
 #if KVS_AVX2
     if (k_super_type(wt))
-        return matmul_on_path(pool, y, x, w, wt, n_rows, n_in, n_out, PATH_AVX2);
+        return matmul_on_path(pool, y, x, w, wt, n_rows, n_in, n_out,
+                              n_rows < KQ2_TILE_MIN_ROWS(wt) ? PATH_AVX2 : PATH_AVX2_TILE);
 #endif
     (void)pool, (void)y, (void)x, (void)w, (void)wt, (void)n_rows, (void)n_in, (void)n_out;
     return KVS_ERR_UNSUPPORTED;
@@ -1477,12 +1771,16 @@ static kvs_status matmul_on_path(kvs_pool *pool, float *y, const float *x, const
     const size_t b_xq = align64(nr * nbp * 32), b_xd = align64(nr * nbp * 4);
     const size_t b_xo = align64(nr * nbp * 8), b_xi = b_xo, b_xl = b_xo, b_xb = align64(nr * nbp * 32);
     const size_t b_xk = path == PATH_AVX2 ? align64(nr * nbp * 4) : 0;
-    const size_t b_xp = path == PATH_AVX2 && wt == KVS_Q6_K ? align64(nr * nbp * 32) : 0;
+    const size_t b_xp = (path == PATH_AVX2 || path == PATH_AVX2_TILE) && wt == KVS_Q6_K ? align64(nr * nbp * 32) : 0;
     const size_t x_bytes = b_xq + b_xd + b_xo + b_xi + b_xl + b_xb + b_xk + b_xp;
     size_t per_thread = 0;
 #if KVS_AVX512_VNNI
     if (c.path == PATH_TILE)
         per_thread = tile_scratch_bytes(c.nb);
+#endif
+#if KVS_AVX2
+    if (c.path == PATH_AVX2_TILE)
+        per_thread = kq2_scratch_bytes(c.nb);
 #endif
     c.thread_scratch_bytes = per_thread;
     const size_t total = x_bytes + per_thread * (size_t)nth;
@@ -1511,14 +1809,12 @@ static kvs_status matmul_on_path(kvs_pool *pool, float *y, const float *x, const
     /* Work split as kernels_matmul.c: columns in units of 16 for the tile panels, 4 otherwise;
      * grains of a quarter share for the tiles, of about 32 KiB of weights for gemv; or the rows
      * when there are too few columns and many rows. */
-    c.unit = c.path == PATH_TILE ? 16 : 4;
+    c.unit = c.path == PATH_TILE ? 16 : c.path == PATH_AVX2_TILE ? 8 : 4;
     const int col_units = (n_out + c.unit - 1) / c.unit;
     c.by_rows = kvs_split_by_rows(col_units, n_rows, nth);
     kvs_split_init(&c.split, col_units, nth,
-                   kvs_split_grain(col_units, nth, c.path == PATH_GEMV || (c.path == PATH_AVX2 &&
-                                                                  n_rows < KQ_TILE_MIN_ROWS(wt))
-                                                         ? c.unit * c.row_bytes
-                                                         : 0));
+                   kvs_split_grain(col_units, nth,
+                                   c.path == PATH_GEMV || c.path == PATH_AVX2 ? c.unit * c.row_bytes : 0));
     run(pool, matmul_task, &c);
     free(owned);
     return KVS_OK;
