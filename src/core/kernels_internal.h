@@ -41,6 +41,18 @@
 #define KVS_AVX2 0
 #endif
 
+/* An empty asm that claims to change v, so the compiler keeps v in a register at that point and
+ * cannot move or merge the operations on either side of it: used where GCC otherwise folded a
+ * loaded operand into every instruction that uses it (matmul_deq.c) or regrouped a chain of
+ * integer adds so that all the products were computed first and spilled (matmul_kq.c). */
+#if defined(__GNUC__) && KVS_AVX512
+#define KVS_KEEP_REG(v) __asm__("" : "+v"(v))
+#elif defined(__GNUC__) && KVS_AVX2
+#define KVS_KEEP_REG(v) __asm__("" : "+x"(v))
+#else
+#define KVS_KEEP_REG(v) ((void)0)
+#endif
+
 /* How far ahead of its reads a decode kernel prefetches the weights it streams. The quantised
  * kernels spend enough arithmetic per byte that the hardware prefetcher alone left DRAM idle
  * between bursts: on Zen 5, one thread streaming Q8_0 rows went from 17 to 37 GB/s with this

@@ -87,16 +87,10 @@ KVS_INLINE vf vadd(vf a, vf b) { return a + b; }
 KVS_INLINE float vsum(vf v) { return v; }
 #endif
 
-/* Keeps a loaded operand in a register: without it GCC folds the load into every FMA that uses
- * it (4 loads of each weight vector per k step in the 4 x 4 tile), which made the tile kernel
- * load-bound at half the FMA rate. */
-#if defined(__GNUC__) && KVS_AVX512
-#define KEEP_REG(v) __asm__("" : "+v"(v))
-#elif defined(__GNUC__) && KVS_AVX2
-#define KEEP_REG(v) __asm__("" : "+x"(v))
-#else
-#define KEEP_REG(v) ((void)0)
-#endif
+/* Keeps a loaded operand in a register (KVS_KEEP_REG): without it GCC folds the load into every
+ * FMA that uses it (4 loads of each weight vector per k step in the 4 x 4 tile), which made the
+ * tile kernel load-bound at half the FMA rate. */
+#define KEEP_REG(v) KVS_KEEP_REG(v)
 
 /* Every span and k chunk is a multiple of 32 elements (the smallest block), hence of VL and of
  * 2 * VL (the two accumulators per row of the gemv). */

@@ -1522,8 +1522,8 @@ KVS_INLINE __m256i kq2_x4(const kq_ctx *c, int r, int b, int g)
     return _mm256_set1_epi32(v);
 }
 
-/* out[8 i + j] = y of x row r + i (i < R) and panel column j. */
-KVS_INLINE void avx2_tile(int R, kvs_dtype wt, const kq_ctx *c, int r, const char *pk, float *out)
+/* y[i n_out + j] of x row r + i (i < R) and panel column j < nc. */
+KVS_INLINE void avx2_tile(int R, kvs_dtype wt, const kq_ctx *c, int r, const char *pk, float *y, int nc)
 {
     __m256 acc[4];
     KVS_UNROLL
@@ -1551,6 +1551,7 @@ KVS_INLINE void avx2_tile(int R, kvs_dtype wt, const kq_ctx *c, int r, const cha
                                                                                  _mm256_maddubs_epi16(w1, kq2_x4(c, r + i, b, g + 1))),
                                                                 off);
                             t[i] = g == 4 * h ? pr : _mm256_add_epi16(t[i], pr);
+                            KVS_KEEP_REG(t[i]);
                         }
                     }
                     KVS_UNROLL
@@ -1572,6 +1573,7 @@ KVS_INLINE void avx2_tile(int R, kvs_dtype wt, const kq_ctx *c, int r, const cha
                         for (int i = 0; i < R; i++) {
                             const __m256i pr = _mm256_maddubs_epi16(wv, kq2_x4(c, r + i, b, g));
                             t[i] = g == g0 ? pr : _mm256_add_epi16(t[i], pr);
+                            KVS_KEEP_REG(t[i]); /* the adds in order: no products spilled */
                         }
                     }
                     KVS_UNROLL
@@ -1592,18 +1594,27 @@ KVS_INLINE void avx2_tile(int R, kvs_dtype wt, const kq_ctx *c, int r, const cha
         }
     }
     KVS_UNROLL
-    for (int i = 0; i < R; i++)
-        _mm256_storeu_ps(out + 8 * i, acc[i]);
+    for (int i = 0; i < R; i++) {
+        float *yi = y + (size_t)i * c->n_out;
+        if (nc == 8) {
+            _mm256_storeu_ps(yi, acc[i]);
+        } else {
+            _Alignas(32) float t[8];
+            _mm256_store_ps(t, acc[i]);
+            for (int j = 0; j < nc; j++)
+                yi[j] = t[j];
+        }
+    }
 }
 
 #define KQ2_TILE_FNS(name, wt)                                                                    \
-    static KVS_NOINLINE void name(int R, const kq_ctx *c, int r, const char *pk, float *out)     \
+    static KVS_NOINLINE void name(int R, const kq_ctx *c, int r, const char *pk, float *y, int nc) \
     {                                                                                            \
         switch (R) {                                                                             \
-        case 1: avx2_tile(1, wt, c, r, pk, out); break;                                          \
-        case 2: avx2_tile(2, wt, c, r, pk, out); break;                                          \
-        case 3: avx2_tile(3, wt, c, r, pk, out); break;                                          \
-        default: avx2_tile(4, wt, c, r, pk, out); break;                                         \
+        case 1: avx2_tile(1, wt, c, r, pk, y, nc); break;                                        \
+        case 2: avx2_tile(2, wt, c, r, pk, y, nc); break;                                        \
+        case 3: avx2_tile(3, wt, c, r, pk, y, nc); break;                                        \
+        default: avx2_tile(4, wt, c, r, pk, y, nc); break;                                       \
         }                                                                                        \
     }
 KQ2_TILE_FNS(avx2_tile_q4k, KVS_Q4_K)
@@ -1613,18 +1624,13 @@ KQ2_TILE_FNS(avx2_tile_q6k, KVS_Q6_K)
 
 static void avx2_tile_rows(const kq_ctx *c, char *scratch, int r0, int r1, int o0, int o1)
 {
-    void (*tile)(int, const kq_ctx *, int, const char *, float *) =
+    void (*tile)(int, const kq_ctx *, int, const char *, float *, int) =
         c->wt == KVS_Q6_K ? avx2_tile_q6k : c->wt == KVS_Q5_K ? avx2_tile_q5k : avx2_tile_q4k;
     for (int o = o0; o < o1; o += 8) {
         const int nc = o1 - o < 8 ? o1 - o : 8;
         avx2_pack_panel(c, o, nc, scratch);
-        for (int r = r0; r < r1; r += 4) {
-            const int R = r1 - r < 4 ? r1 - r : 4;
-            _Alignas(32) float out[32];
-            tile(R, c, r, scratch, out);
-            for (int i = 0; i < R; i++)
-                memcpy(c->y + (size_t)(r + i) * c->n_out + o, out + 8 * i, sizeof(float) * (size_t)nc);
-        }
+        for (int r = r0; r < r1; r += 4)
+            tile(r1 - r < 4 ? r1 - r : 4, c, r, scratch, c->y + (size_t)r * c->n_out + o, nc);
     }
 }
 
