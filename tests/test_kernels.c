@@ -515,8 +515,8 @@ static void test_matmul(void)
     check_matmul_case(pools + 2, 2, KVS_F16, 12, 2100, 17, 0);
     check_matmul_case(pools + 2, 2, KVS_BF16, 8, 3000, 49, 0);
     check_matmul_case(pools + 1, 3, KVS_F16, 6, 17, 4, 0);
-    /* Q8_0 prefill in several blocks of x rows: with AVX2, 8192 inputs make blocks of 32 rows,
-     * so 75 rows are two whole blocks and one of 11 (a group of 3 at its end) */
+    /* Q8_0 prefill over long rows (256 blocks; AVX2's lane tiles, with a group of 3 x rows at
+     * the end) */
     check_matmul_case(pools + 1, 3, KVS_Q8_0, 75, 8192, 5, 1);
     check_matmul_case(pools + 1, 3, KVS_BF16, 1, 1, 3, 0);
 

@@ -121,6 +121,43 @@ static inline __attribute__((always_inline)) __m256 kvs_fp16x8_at(const char *ba
     return _mm256_cvtph_ps(h);
 }
 
+/* out[g] lane j = in[j] lane g: an 8 x 8 transposition of 32-bit lanes (the prefill tiles
+ * turn 8 weight rows into the 8 lanes with it). */
+static inline __attribute__((always_inline)) void kvs_transpose8_avx2(const __m256i *in, __m256i *out)
+{
+    __m256i t[8], v[8];
+    KVS_UNROLL
+    for (int j = 0; j < 8; j += 2) {
+        t[j] = _mm256_unpacklo_epi32(in[j], in[j + 1]);     /* lanes 0 1 | 4 5 of rows j, j + 1 */
+        t[j + 1] = _mm256_unpackhi_epi32(in[j], in[j + 1]); /* 2 3 | 6 7 */
+    }
+    KVS_UNROLL
+    for (int h = 0; h < 8; h += 4) { /* rows h .. h + 3 */
+        v[h] = _mm256_unpacklo_epi64(t[h], t[h + 2]);         /* lane 0 | 4 */
+        v[h + 1] = _mm256_unpackhi_epi64(t[h], t[h + 2]);     /* 1 | 5 */
+        v[h + 2] = _mm256_unpacklo_epi64(t[h + 1], t[h + 3]); /* 2 | 6 */
+        v[h + 3] = _mm256_unpackhi_epi64(t[h + 1], t[h + 3]); /* 3 | 7 */
+    }
+    KVS_UNROLL
+    for (int g = 0; g < 4; g++) {
+        out[g] = _mm256_permute2x128_si256(v[g], v[4 + g], 0x20);
+        out[4 + g] = _mm256_permute2x128_si256(v[g], v[4 + g], 0x31);
+    }
+}
+
+/* Stores the first nc (1..8) lanes of v at y (a tile's row of 8 output columns). */
+static inline __attribute__((always_inline)) void kvs_store8_avx2(float *y, __m256 v, int nc)
+{
+    if (nc == 8) {
+        _mm256_storeu_ps(y, v);
+        return;
+    }
+    _Alignas(32) float t[8];
+    _mm256_store_ps(t, v);
+    for (int j = 0; j < nc; j++)
+        y[j] = t[j];
+}
+
 /* The sum of the 8 lanes of v. */
 static inline __attribute__((always_inline)) float kvs_hsum256(__m256 v)
 {

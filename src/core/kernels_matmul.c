@@ -1181,7 +1181,110 @@ static void q8_avx2(const mm_ctx *c, int r0, int r1, int o0, int o1)
 {
     KVS_AVX2_ROW_BLOCKS(c, r0, r1, o0, o1, q8_row_avx2)
 }
+
+/* Q8_0 prefill with 8 weight rows in the 8 lanes (as matmul_kq.c's AVX2 K-quant tiles): each
+ * thread transposes a panel of 8 columns once per call so that a vector holds one 4-byte group
+ * of a block for each of the 8 rows, and runs x through it 4 rows at a time: per group and x
+ * row the sign trick (VPSIGNB of the broadcast x group by w, VPMADDUBSW with |w|) and a
+ * VPMADDWD by ones (two products of 127 x 127 can't share a 16-bit lane), the 32-bit sums per
+ * block; per block and x row one conversion and one FMA by the 8 rows' d times xd, and no
+ * horizontal sum (q8_tile_avx2: a conversion, an FMA and a broadcast scale per block, x row
+ * and weight row, then a horizontal sum per output). */
+/* Smallest n_rows for the lane tiles (fewer: q8_tiles, then q8_avx2). The panel is packed
+ * once per call; Zen 4, 768 x 2048, one thread, GFLOP/s lane tiles / the others (best of 7 x 20
+ * calls, two runs): 8 rows 58-61 / 68, 12 rows 65 / 69, 16 rows 69-76 / 57-70, 20 rows 80 /
+ * 69-71, 32 rows 80-86 / 70-71. */
+#ifndef Q8L_MIN_ROWS
+#define Q8L_MIN_ROWS 16
 #endif
+#define Q8L_BLOCK_BYTES (8 * 32 + 32) /* per block: [8 groups][8 rows][4 bytes], 8 fp32 d */
+
+static size_t q8l_scratch_bytes(int nb) { return align64((size_t)nb * Q8L_BLOCK_BYTES); }
+
+/* Packs columns [o, o + nc) (nc <= 8; the rest zero) into pk. */
+static void q8l_pack(const mm_ctx *c, int o, int nc, char *pk)
+{
+    for (int b = 0; b < c->nb; b++) {
+        __m256i in[8], tr[8];
+        _Alignas(32) float d[8];
+        for (int j = 0; j < 8; j++) {
+            const kvs_block_q8_0 *k = (const kvs_block_q8_0 *)(c->w + (size_t)(o + j) * c->row_bytes) + b;
+            in[j] = j < nc ? _mm256_loadu_si256((const __m256i *)k->qs) : _mm256_setzero_si256();
+            d[j] = j < nc ? _cvtsh_ss(k->d) : 0.0f;
+        }
+        kvs_transpose8_avx2(in, tr);
+        char *pb = pk + (size_t)b * Q8L_BLOCK_BYTES;
+        for (int g = 0; g < 8; g++)
+            _mm256_store_si256((__m256i *)pb + g, tr[g]);
+        _mm256_store_ps((float *)(pb + 256), _mm256_load_ps(d));
+    }
+}
+
+/* y[i n_out + j] of x row r + i (i < R) and panel column j < nc. */
+KVS_INLINE void q8l_tile(int R, const mm_ctx *c, int r, const char *pk, float *y, int nc)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4];
+    KVS_UNROLL
+    for (int i = 0; i < R; i++)
+        acc[i] = _mm256_setzero_ps();
+    for (int b = 0; b < c->nb; b++) {
+        const char *pb = pk + (size_t)b * Q8L_BLOCK_BYTES;
+        __m256i is[4];
+        KVS_UNROLL
+        for (int g = 0; g < 8; g++) {
+            const __m256i w = _mm256_load_si256((const __m256i *)pb + g), aw = _mm256_sign_epi8(w, w);
+            KVS_UNROLL
+            for (int i = 0; i < R; i++) {
+                int32_t x4;
+                memcpy(&x4, c->xq + ((size_t)(r + i) * c->nbp + (size_t)b) * KVS_QK + 4 * g, 4);
+                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(x4), w)), ones);
+                is[i] = g == 0 ? p : _mm256_add_epi32(is[i], p);
+                KVS_KEEP_REG(is[i]); /* the adds in order (as matmul_kq.c's tiles) */
+            }
+        }
+        const __m256 dv = _mm256_load_ps((const float *)(pb + 256));
+        KVS_UNROLL
+        for (int i = 0; i < R; i++)
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[i]),
+                                     _mm256_mul_ps(dv, _mm256_set1_ps(c->xd[(size_t)(r + i) * c->nbp + b])), acc[i]);
+    }
+    KVS_UNROLL
+    for (int i = 0; i < R; i++)
+        kvs_store8_avx2(y + (size_t)i * c->n_out, acc[i], nc);
+}
+
+static KVS_NOINLINE void q8l_group(int R, const mm_ctx *c, int r, const char *pk, float *y, int nc)
+{
+    switch (R) {
+    case 1: q8l_tile(1, c, r, pk, y, nc); break;
+    case 2: q8l_tile(2, c, r, pk, y, nc); break;
+    case 3: q8l_tile(3, c, r, pk, y, nc); break;
+    default: q8l_tile(4, c, r, pk, y, nc); break;
+    }
+}
+
+static void q8l_rows(const mm_ctx *c, char *scratch, int r0, int r1, int o0, int o1)
+{
+    for (int o = o0; o < o1; o += 8) {
+        const int nc = o1 - o < 8 ? o1 - o : 8;
+        q8l_pack(c, o, nc, scratch);
+        for (int r = r0; r < r1; r += 4)
+            q8l_group(r1 - r < 4 ? r1 - r : 4, c, r, scratch, c->y + (size_t)r * c->n_out + o, nc);
+    }
+}
+#endif
+
+/* 1 when AVX2's Q8_0 lane tiles (q8l_rows) take a call of n_rows x rows. */
+static int q8l_takes(kvs_dtype wt, int n_rows)
+{
+#if KVS_AVX2
+    return wt == KVS_Q8_0 && n_rows >= Q8L_MIN_ROWS;
+#else
+    (void)wt, (void)n_rows;
+    return 0;
+#endif
+}
 
 /* A row converted to fp32; with AVX2 also room for a packed F32 panel (f32_tiles). */
 static size_t portable_scratch_bytes(int K)
@@ -1212,7 +1315,9 @@ static void portable_rows(const mm_ctx *c, char *scratch, int r0, int r1, int o0
     float *wrow = (float *)scratch;
 #if KVS_AVX2
     if (c->wt == KVS_Q8_0) {
-        if (r1 - r0 >= Q8_TILE_MIN_ROWS)
+        if (r1 - r0 >= Q8L_MIN_ROWS)
+            q8l_rows(c, scratch, r0, r1, o0, o1);
+        else if (r1 - r0 >= Q8_TILE_MIN_ROWS)
             q8_tiles(c, wrow, r0, r1, o0, o1);
         else
             q8_avx2(c, r0, r1, o0, o1);
@@ -1404,6 +1509,10 @@ kvs_status kvs_matmul_ex(kvs_pool *pool, float *y, const float *x, const void *w
             xq_bytes += align64((size_t)n_rows * c.nbp * 8 * 4);
     }
     size_t per_thread = portable_scratch_bytes(n_in);
+#if KVS_AVX2
+    if (path == PATH_PORTABLE && q8l_takes(wt, n_rows) && q8l_scratch_bytes(c.nb) > per_thread)
+        per_thread = q8l_scratch_bytes(c.nb);
+#endif
 #if KVS_AVX512
     if (path == PATH_TILE) {
 #if KVS_AVX512_VNNI
@@ -1443,7 +1552,7 @@ kvs_status kvs_matmul_ex(kvs_pool *pool, float *y, const float *x, const void *w
      * half a panel, as attention's 64-column products did at two threads), of 4 for the gemv
      * kernels; grains of a quarter share for the tiles, of about 32 KiB of weights for gemv.
      * Rows instead when there are too few columns to go around and plenty of rows. */
-    c.unit = path == PATH_TILE || (path == PATH_PORTABLE && f32_panel_rows(wt, n_rows)) ? 16 : 4;
+    c.unit = path == PATH_TILE || (path == PATH_PORTABLE && (f32_panel_rows(wt, n_rows) || q8l_takes(wt, n_rows))) ? 16 : 4;
     const int col_units = (n_out + c.unit - 1) / c.unit;
     c.by_rows = kvs_split_by_rows(col_units, n_rows, nth);
     kvs_split_init(&c.split, col_units, nth,

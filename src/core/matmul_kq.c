@@ -1423,29 +1423,6 @@ KVS_INLINE void avx2_q6k_row(int R, const kq_ctx *c, const char *row, int r, flo
 
 static size_t kq2_scratch_bytes(int nb) { return align64((size_t)(nb / 8) * KQ2_SB_BYTES); }
 
-/* out[g] lane j = in[j] lane g: an 8 x 8 transposition of 32-bit lanes. */
-KVS_INLINE void avx2_transpose8(const __m256i *in, __m256i *out)
-{
-    __m256i t[8], v[8];
-    KVS_UNROLL
-    for (int j = 0; j < 8; j += 2) {
-        t[j] = _mm256_unpacklo_epi32(in[j], in[j + 1]);     /* lanes 0 1 | 4 5 of rows j, j + 1 */
-        t[j + 1] = _mm256_unpackhi_epi32(in[j], in[j + 1]); /* 2 3 | 6 7 */
-    }
-    KVS_UNROLL
-    for (int h = 0; h < 8; h += 4) { /* rows h .. h + 3 */
-        v[h] = _mm256_unpacklo_epi64(t[h], t[h + 2]);         /* lane 0 | 4 */
-        v[h + 1] = _mm256_unpackhi_epi64(t[h], t[h + 2]);     /* 1 | 5 */
-        v[h + 2] = _mm256_unpacklo_epi64(t[h + 1], t[h + 3]); /* 2 | 6 */
-        v[h + 3] = _mm256_unpackhi_epi64(t[h + 1], t[h + 3]); /* 3 | 7 */
-    }
-    KVS_UNROLL
-    for (int g = 0; g < 4; g++) {
-        out[g] = _mm256_permute2x128_si256(v[g], v[4 + g], 0x20);
-        out[4 + g] = _mm256_permute2x128_si256(v[g], v[4 + g], 0x31);
-    }
-}
-
 /* 8 signed 32-bit lanes as 16-bit values in both halves (a VPMADDWD operand per lane pair). */
 KVS_INLINE __m256i avx2_dup16(__m256i v)
 {
@@ -1492,12 +1469,12 @@ static void avx2_pack_panel(const kq_ctx *c, int o, int nc, char *pk)
         }
         _mm256_store_ps((float *)(ps + KQ2_D_OFF), _mm256_load_ps(d));
         for (int h = 0; h < 1 + six; h++) {
-            avx2_transpose8(sc[h], tr);
+            kvs_transpose8_avx2(sc[h], tr);
             for (int b = 0; b < 8; b++)
                 _mm256_store_si256((__m256i *)(ps + KQ2_SC_OFF + 32 * (8 * h + b)), tr[b]);
         }
         if (!six) {
-            avx2_transpose8(mn, tr);
+            kvs_transpose8_avx2(mn, tr);
             const __m256 dm = _mm256_load_ps(dmin);
             for (int b = 0; b < 8; b++)
                 _mm256_store_ps((float *)(ps + KQ2_M_OFF + 32 * b), _mm256_mul_ps(_mm256_cvtepi32_ps(tr[b]), dm));
@@ -1507,7 +1484,7 @@ static void avx2_pack_panel(const kq_ctx *c, int o, int nc, char *pk)
             __m256i in[8];
             for (int j = 0; j < 8; j++)
                 in[j] = _mm256_load_si256((const __m256i *)un[j][b]);
-            avx2_transpose8(in, tr);
+            kvs_transpose8_avx2(in, tr);
             for (int g = 0; g < 8; g++)
                 _mm256_store_si256((__m256i *)(ps + (size_t)b * 256) + g, tr[g]);
         }
@@ -1594,17 +1571,8 @@ KVS_INLINE void avx2_tile(int R, kvs_dtype wt, const kq_ctx *c, int r, const cha
         }
     }
     KVS_UNROLL
-    for (int i = 0; i < R; i++) {
-        float *yi = y + (size_t)i * c->n_out;
-        if (nc == 8) {
-            _mm256_storeu_ps(yi, acc[i]);
-        } else {
-            _Alignas(32) float t[8];
-            _mm256_store_ps(t, acc[i]);
-            for (int j = 0; j < nc; j++)
-                yi[j] = t[j];
-        }
-    }
+    for (int i = 0; i < R; i++)
+        kvs_store8_avx2(y + (size_t)i * c->n_out, acc[i], nc);
 }
 
 #define KQ2_TILE_FNS(name, wt)                                                                    \
