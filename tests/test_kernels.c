@@ -836,6 +836,35 @@ static void test_attn_rows(void)
             }
 }
 
+/* kvs_transpose_f32 against the definition: every element in place, the ld gap and everything
+ * past the block untouched (whole 8 x 8 blocks, edges of both kinds, single rows / columns). */
+static void test_transpose(void)
+{
+    const int shapes[][2] = {{1, 1}, {1, 9}, {9, 1}, {8, 8}, {7, 9}, {16, 64}, {13, 67}, {24, 20}, {17, 8}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        const int rows = shapes[k][0], cols = shapes[k][1];
+        const size_t ld = (size_t)rows + 5, n = (size_t)cols * ld + 3;
+        float *src = malloc(sizeof(float) * (size_t)rows * cols), *dst = malloc(sizeof(float) * n);
+        CHECK(src && dst);
+        for (int i = 0; i < rows * cols; i++)
+            src[i] = (float)i + 0.5f;
+        for (size_t i = 0; i < n; i++)
+            dst[i] = -1.0f;
+        kvs_transpose_f32(dst, ld, src, rows, cols);
+        int bad = 0;
+        for (int c = 0; c < cols; c++)
+            for (size_t r = 0; r < ld; r++) {
+                const float want = (int)r < rows ? src[(size_t)r * cols + c] : -1.0f;
+                bad += dst[(size_t)c * ld + r] != want;
+            }
+        for (size_t i = (size_t)cols * ld; i < n; i++)
+            bad += dst[i] != -1.0f;
+        CHECKF(bad == 0, "transpose %d x %d: %d elements wrong", rows, cols, bad);
+        free(src);
+        free(dst);
+    }
+}
+
 int main(void)
 {
     test_fp16();
@@ -846,6 +875,7 @@ int main(void)
     test_rope();
     test_abs_below();
     test_matmul();
+    test_transpose();
     printf("matmul cases: %d\n", n_matmul_cases);
     return check_summary("test_kernels");
 }

@@ -286,6 +286,29 @@ float kvs_dot_f32(const float *a, const float *b, int n)
     return s;
 }
 
+void kvs_transpose_f32(float *dst, size_t ld, const float *src, int rows, int cols)
+{
+    int r = 0;
+#if KVS_AVX2
+    /* 8 x 8 blocks by register transposition; the edges below element by element */
+    for (; r + 8 <= rows; r += 8)
+        for (int c = 0; c + 8 <= cols; c += 8) {
+            __m256i in[8], tr[8];
+            for (int t = 0; t < 8; t++)
+                in[t] = _mm256_castps_si256(_mm256_loadu_ps(src + (size_t)(r + t) * cols + c));
+            kvs_transpose8_avx2(in, tr);
+            for (int t = 0; t < 8; t++)
+                _mm256_storeu_ps(dst + (size_t)(c + t) * ld + r, _mm256_castsi256_ps(tr[t]));
+        }
+    for (int rr = 0; rr < r; rr++) /* the columns past the last whole 8 of the block rows */
+        for (int c = cols & ~7; c < cols; c++)
+            dst[(size_t)c * ld + rr] = src[(size_t)rr * cols + c];
+#endif
+    for (; r < rows; r++)
+        for (int c = 0; c < cols; c++)
+            dst[(size_t)c * ld + r] = src[(size_t)r * cols + c];
+}
+
 void kvs_axpy_f32(float *y, float a, const float *x, int n)
 {
     int i = 0;

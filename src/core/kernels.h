@@ -87,6 +87,9 @@ void kvs_rope_move(float *vec, int n_heads, int head_dim, int rot_dim, int from,
 float kvs_dot_f32(const float *a, const float *b, int n);
 /* y += a * x. */
 void kvs_axpy_f32(float *y, float a, const float *x, int n);
+/* dst[c * ld + r] = src[r * cols + c] for r < rows, c < cols: a rows x cols block turned into
+ * cols rows of ld floats (attention's values, slot-major, into the slots of VT). */
+void kvs_transpose_f32(float *dst, size_t ld, const float *src, int rows, int cols);
 /* The same with a half-precision a / x (the F16 KV cache's keys and values). */
 float kvs_dot_f16_f32(const uint16_t *a, const float *b, int n);
 void kvs_axpy_f16(float *y, float a, const uint16_t *x, int n);

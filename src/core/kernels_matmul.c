@@ -1043,6 +1043,53 @@ typedef void (*f2_fn)(int, const float *, int, const float *, float *, int, int,
 static const f2_fn f2_table[F2_R] = {f32_tile_1, f32_tile_2, f32_tile_3,
                                      f32_tile_4, f32_tile_5, f32_tile_6};
 
+/* Weight element k of row w as fp32 (F32, F16 or BF16). */
+KVS_INLINE float f32_elem(kvs_dtype wt, const char *w, int k)
+{
+    if (wt == KVS_F32)
+        return ((const float *)w)[k];
+    if (wt == KVS_F16)
+        return _cvtsh_ss(((const uint16_t *)w)[k]);
+    return kvs_bf16_to_fp32_scalar(((const uint16_t *)w)[k]);
+}
+
+/* 8 weight elements from k of row w as fp32. */
+KVS_INLINE __m256i f32_elem8(kvs_dtype wt, const char *w, int k)
+{
+    if (wt == KVS_F32)
+        return _mm256_loadu_si256((const __m256i *)((const float *)w + k));
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + k));
+    if (wt == KVS_F16)
+        return _mm256_castps_si256(_mm256_cvtph_ps(h));
+    return _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16); /* BF16: the top half of an fp32 */
+}
+
+/* The panel of columns [o, o + nc) (nc <= 16; the rest zero) over inputs [k0, k1) as fp32,
+ * bp[(k - k0) 16 + j]: 8 rows x 8 inputs at a time turned by an 8 x 8 transposition, the
+ * rest element by element. */
+static void f32_pack_panel(const mm_ctx *c, int o, int nc, int k0, int k1, float *bp)
+{
+    const int kn = k1 - k0, k8 = kn & ~7;
+    for (int j0 = 0; j0 < 16; j0 += 8) {
+        const char *w[8];
+        for (int j = 0; j < 8; j++)
+            w[j] = j0 + j < nc ? c->w + (size_t)(o + j0 + j) * c->row_bytes : NULL;
+        int k = 0;
+        if (j0 + 8 <= nc)
+            for (; k < k8; k += 8) {
+                __m256i in[8], tr[8];
+                for (int j = 0; j < 8; j++)
+                    in[j] = f32_elem8(c->wt, w[j], k0 + k);
+                kvs_transpose8_avx2(in, tr);
+                for (int t = 0; t < 8; t++)
+                    _mm256_storeu_si256((__m256i *)(bp + (size_t)(k + t) * 16 + j0), tr[t]);
+            }
+        for (int j = 0; j < 8; j++)
+            for (int kk = k; kk < kn; kk++)
+                bp[(size_t)kk * 16 + j0 + j] = w[j] ? f32_elem(c->wt, w[j], k0 + kk) : 0.0f;
+    }
+}
+
 static void f32_tiles(const mm_ctx *c, float *bp, int r0, int r1, int o0, int o1)
 {
     const int K = c->n_in, n_kc = (K + F2_KC - 1) / F2_KC;
@@ -1050,22 +1097,7 @@ static void f32_tiles(const mm_ctx *c, float *bp, int r0, int r1, int o0, int o1
         const int nc = o1 - o < 16 ? o1 - o : 16;
         for (int q = 0; q < n_kc; q++) {
             const int k0 = (int)((int64_t)K * q / n_kc), k1 = (int)((int64_t)K * (q + 1) / n_kc);
-            for (int j = 0; j < 16; j++) {
-                const char *w = j < nc ? c->w + (size_t)(o + j) * c->row_bytes : NULL;
-                if (!w)
-                    for (int k = k0; k < k1; k++)
-                        bp[(size_t)(k - k0) * 16 + j] = 0.0f;
-                else if (c->wt == KVS_F32)
-                    for (int k = k0; k < k1; k++)
-                        bp[(size_t)(k - k0) * 16 + j] = ((const float *)w)[k];
-                else if (c->wt == KVS_F16) /* attention's keys in prefill; F16C, one at a time */
-                    for (int k = k0; k < k1; k++)
-                        bp[(size_t)(k - k0) * 16 + j] = _cvtsh_ss(((const uint16_t *)w)[k]);
-                else
-                    for (int k = k0; k < k1; k++)
-                        bp[(size_t)(k - k0) * 16 + j] =
-                            kvs_bf16_to_fp32_scalar(((const uint16_t *)w)[k]);
-            }
+            f32_pack_panel(c, o, nc, k0, k1, bp);
             for (int r = r0; r < r1; r += F2_R) {
                 const int R = r1 - r < F2_R ? r1 - r : F2_R;
                 f2_table[R - 1](k1 - k0, c->x + (size_t)r * K + k0, K, bp,
