@@ -3,7 +3,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all deps build test demo asan tsan lint coverage fuzz bench clean
+.PHONY: all deps build test demo asan tsan portable lint coverage fuzz bench clean
 
 all: build
 
@@ -62,6 +62,17 @@ tsan: deps
 # Static analysis: cppcheck on src/, tools/ and include/ (warnings, portability, performance;
 # the build's configuration); any finding fails. Suppressions are justified where they are
 # written (scripts/lint.sh, scripts/cppcheck-suppressions.txt).
+# Without -march=native (KVS_NATIVE=OFF: no AVX2, the portable kernels) the kernel, attention and
+# model tests against their references and golden logits: the SIMD paths are most of the kernel
+# code, and a change that builds or works only with them (a name declared under #if KVS_AVX2, a
+# scalar fallback left behind) shows here. -Werror as everywhere.
+PORTABLE_TESTS = test_kernels test_matmul_kq test_quant_types test_kv test_model test_arch
+portable: deps
+	cmake -S . -B $(BUILD)-portable -DCMAKE_BUILD_TYPE=Release -DKVS_NATIVE=OFF >/dev/null
+	cmake --build $(BUILD)-portable -j $(JOBS)
+	cd $(BUILD)-portable && ctest --output-on-failure -j $(JOBS) \
+	  -R '^($(subst $(space),|,$(strip $(PORTABLE_TESTS))))$$'
+
 lint: deps
 	JOBS=$(JOBS) bash scripts/lint.sh
 
