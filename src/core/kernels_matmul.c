@@ -1181,9 +1181,11 @@ static void q8_group_avx2(const mm_ctx *c, const float *dw, int o, int nc, int r
     }
 }
 
-/* Q8_0 with many x rows: blocks of x rows of up to 256 KiB of 8-bit x (they stay in L2 while
- * the thread's weight rows stream past once per block), and within one, each pair of weight
- * rows (scales converted once into dw) against every group of 4 of them. bench_matmul, 2
+/* Q8_0 with 8 to Q8L_MIN_ROWS - 1 x rows (from Q8L_MIN_ROWS the lane tiles below, q8l_rows: with
+ * them kvslim's Q8_0 pp512 at one thread went from 339-355 to 427-442 tok/s): blocks of x rows
+ * of up to 256 KiB of 8-bit x (they stay in L2 while the thread's weight rows stream past once
+ * per block), and within one, each pair of weight rows (scales converted once into dw) against
+ * every group of 4 of them. bench_matmul, 2
  * threads, best of 15: blocks of 128-512 rows 140-147 GFLOP/s, of 16-64 rows 114-147, the
  * 64-row blocks of one weight row (q8_avx2) 91-127. */
 #define Q8_TILE_MIN_ROWS 8 /* fewer x rows (decode, short chunks) take q8_avx2 */
@@ -1270,16 +1272,18 @@ KVS_INLINE void q8l_tile(int R, const mm_ctx *c, int r, const char *pk, float *y
             for (int i = 0; i < R; i++) {
                 int32_t x4;
                 memcpy(&x4, c->xq + ((size_t)(r + i) * c->nbp + (size_t)b) * KVS_QK + 4 * g, 4);
-                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(x4), w)), ones);
+                const __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(x4), w);
+                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
                 is[i] = g == 0 ? p : _mm256_add_epi32(is[i], p);
                 KVS_KEEP_REG(is[i]); /* the adds in order (as matmul_kq.c's tiles) */
             }
         }
         const __m256 dv = _mm256_load_ps((const float *)(pb + 256));
         KVS_UNROLL
-        for (int i = 0; i < R; i++)
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[i]),
-                                     _mm256_mul_ps(dv, _mm256_set1_ps(c->xd[(size_t)(r + i) * c->nbp + b])), acc[i]);
+        for (int i = 0; i < R; i++) {
+            const __m256 s = _mm256_mul_ps(dv, _mm256_set1_ps(c->xd[(size_t)(r + i) * c->nbp + b]));
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[i]), s, acc[i]);
+        }
     }
     KVS_UNROLL
     for (int i = 0; i < R; i++)
@@ -1613,7 +1617,8 @@ kvs_status kvs_matmul_ex(kvs_pool *pool, float *y, const float *x, const void *w
      * half a panel, as attention's 64-column products did at two threads), of 4 for the gemv
      * kernels; grains of a quarter share for the tiles, of about 32 KiB of weights for gemv.
      * Rows instead when there are too few columns to go around and plenty of rows. */
-    c.unit = path == PATH_TILE || (path == PATH_PORTABLE && (f32_panel_rows(wt, n_rows) || q8l_takes(wt, n_rows))) ? 16 : 4;
+    const int panels = path == PATH_PORTABLE && (f32_panel_rows(wt, n_rows) || q8l_takes(wt, n_rows));
+    c.unit = path == PATH_TILE || panels ? 16 : 4;
     const int col_units = (n_out + c.unit - 1) / c.unit;
     c.by_rows = kvs_split_by_rows(col_units, n_rows, nth);
     kvs_split_init(&c.split, col_units, nth,

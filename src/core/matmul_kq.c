@@ -19,7 +19,8 @@
  * scale per 256 for the K-quants, where this uses one per 32).
  *
  * Paths (AVX-512 VNNI; without it, Q4_K / Q5_K / Q6_K on AVX2 (below, on kvs_matmul_kq_ref_sb's
- * x), the other types the reference's scalar block dots on x quantised once):
+ * x: row kernels for decode and short chunks, 8-column lane tiles from KQ2_TILE_MIN_ROWS x rows),
+ * the other types the reference's scalar block dots on x quantised once):
  *  - gemv (n_rows < KQ_TILE_MIN_ROWS, decode): each weight row is streamed once, one K-quant
  *    super-block (256 elements) at a time, unpacked into four 64-byte vectors of u with no byte
  *    moved: Q4_K's low nibbles of qs[0..63] are elements 0..31 and 64..95, the high nibbles
@@ -1477,7 +1478,8 @@ static void avx2_pack_panel(const kq_ctx *c, int o, int nc, char *pk)
             kvs_transpose8_avx2(mn, tr);
             const __m256 dm = _mm256_load_ps(dmin);
             for (int b = 0; b < 8; b++)
-                _mm256_store_ps((float *)(ps + KQ2_M_OFF + 32 * b), _mm256_mul_ps(_mm256_cvtepi32_ps(tr[b]), dm));
+                _mm256_store_ps((float *)(ps + KQ2_M_OFF + 32 * b),
+                                _mm256_mul_ps(_mm256_cvtepi32_ps(tr[b]), dm));
         }
         /* each block: rows' 8 groups of 4 bytes -> groups' 8 rows */
         for (int b = 0; b < 8; b++) {
@@ -1516,17 +1518,18 @@ KVS_INLINE void avx2_tile(int R, kvs_dtype wt, const kq_ctx *c, int r, const cha
             if (wt == KVS_Q6_K) {
                 KVS_UNROLL
                 for (int h = 0; h < 2; h++) { /* the sub-blocks of 16: groups 4 h .. 4 h + 3 */
-                    const __m256i sc = _mm256_load_si256((const __m256i *)(ps + KQ2_SC_OFF + 32 * (2 * p + h)));
+                    const __m256i sc =
+                        _mm256_load_si256((const __m256i *)(ps + KQ2_SC_OFF + 32 * (2 * p + h)));
                     __m256i t[4];
                     KVS_UNROLL
                     for (int g = 4 * h; g < 4 * h + 4; g += 2) {
                         const __m256i w0 = _mm256_load_si256(w + g), w1 = _mm256_load_si256(w + g + 1);
                         KVS_UNROLL
                         for (int i = 0; i < R; i++) {
-                            const __m256i off = _mm256_set1_epi32(((const int32_t *)c->xp)[((size_t)(r + i) * c->nbp + b) * 4 + g / 2]);
-                            const __m256i pr = _mm256_sub_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w0, kq2_x4(c, r + i, b, g)),
-                                                                                 _mm256_maddubs_epi16(w1, kq2_x4(c, r + i, b, g + 1))),
-                                                                off);
+                            const int32_t *xp = (const int32_t *)c->xp + ((size_t)(r + i) * c->nbp + b) * 4;
+                            const __m256i s2 = _mm256_add_epi16(_mm256_maddubs_epi16(w0, kq2_x4(c, r + i, b, g)),
+                                                                _mm256_maddubs_epi16(w1, kq2_x4(c, r + i, b, g + 1)));
+                            const __m256i pr = _mm256_sub_epi16(s2, _mm256_set1_epi32(xp[g / 2]));
                             t[i] = g == 4 * h ? pr : _mm256_add_epi16(t[i], pr);
                             KVS_KEEP_REG(t[i]);
                         }
@@ -1560,11 +1563,13 @@ KVS_INLINE void avx2_tile(int R, kvs_dtype wt, const kq_ctx *c, int r, const cha
                     }
                 }
             }
-            const __m256 mv = wt == KVS_Q6_K ? _mm256_setzero_ps() : _mm256_load_ps((const float *)(ps + KQ2_M_OFF + 32 * p));
+            const __m256 mv = wt == KVS_Q6_K ? _mm256_setzero_ps()
+                                             : _mm256_load_ps((const float *)(ps + KQ2_M_OFF + 32 * p));
             KVS_UNROLL
             for (int i = 0; i < R; i++) {
                 const size_t xr = (size_t)(r + i) * c->nbp;
-                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[i]), _mm256_mul_ps(dv, _mm256_set1_ps(c->xd[xr + b])), acc[i]);
+                const __m256 s = _mm256_mul_ps(dv, _mm256_set1_ps(c->xd[xr + b]));
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[i]), s, acc[i]);
                 if (wt != KVS_Q6_K)
                     acc[i] = _mm256_fnmadd_ps(mv, _mm256_set1_ps(c->xo[2 * xr + b]), acc[i]);
             }
@@ -1745,7 +1750,8 @@ static kvs_status matmul_on_path(kvs_pool *pool, float *y, const float *x, const
     const size_t b_xq = align64(nr * nbp * 32), b_xd = align64(nr * nbp * 4);
     const size_t b_xo = align64(nr * nbp * 8), b_xi = b_xo, b_xl = b_xo, b_xb = align64(nr * nbp * 32);
     const size_t b_xk = path == PATH_AVX2 ? align64(nr * nbp * 4) : 0;
-    const size_t b_xp = (path == PATH_AVX2 || path == PATH_AVX2_TILE) && wt == KVS_Q6_K ? align64(nr * nbp * 32) : 0;
+    const int avx2 = path == PATH_AVX2 || path == PATH_AVX2_TILE;
+    const size_t b_xp = avx2 && wt == KVS_Q6_K ? align64(nr * nbp * 32) : 0;
     const size_t x_bytes = b_xq + b_xd + b_xo + b_xi + b_xl + b_xb + b_xk + b_xp;
     size_t per_thread = 0;
 #if KVS_AVX512_VNNI
