@@ -233,15 +233,43 @@ static int parse_type(const char *tok, kvs_dtype *wt, int *exact)
     return 0;
 }
 
+static const char usage[] =
+    "usage: bench_matmul [reps] [types] [threads]   e.g. bench_matmul 5 f32,q8_0 2\n"
+    "  reps     timed calls per measurement, best kept (default 5)\n"
+    "  types    comma-separated: f32 f16 bf16 q8_0 q4_0 q4_k q5_k q6_k iq4_nl q4_1 q5_0 q5_1\n"
+    "           (a K-quant or block type with :exact takes the dequantising path; blas adds\n"
+    "           OpenBLAS's F32 prefill); default f32,f16,bf16,q8_0,q4_0\n"
+    "  threads  1 or 2 (default both)\n";
+
+/* A whole decimal number in [lo, hi], or -1. */
+static int parse_count(const char *s, int lo, int hi)
+{
+    char *end;
+    const long v = strtol(s, &end, 10);
+    return *s && !*end && v >= lo && v <= hi ? (int)v : -1;
+}
+
 int main(int argc, char **argv)
 {
-    const int reps = argc > 1 ? atoi(argv[1]) : 5;
+    if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
+        fputs(usage, stdout);
+        return 0;
+    }
+    const int reps = argc > 1 ? parse_count(argv[1], 1, 100000) : 5;
+    const int t_arg = argc > 3 ? parse_count(argv[3], 1, 2) : 0;
+    if (reps < 0 || t_arg < 0 || argc > 4) {
+        const char *why = reps < 0    ? "reps must be a whole number from 1"
+                          : t_arg < 0 ? "threads must be 1 or 2"
+                                      : "too many arguments";
+        fprintf(stderr, "bench_matmul: %s\n%s", why, usage);
+        return 2;
+    }
     const char *list = argc > 2 ? argv[2] : "f32,f16,bf16,q8_0,q4_0";
     const int with_blas = strstr(list, "blas") != NULL;
     openblas_set_num_threads(1);
     char buf[256];
     snprintf(buf, sizeof buf, "%s", list);
-    const int t_only = argc > 3 ? atoi(argv[3]) : 0;
+    const int t_only = t_arg;
     for (int nt = 1; nt <= 2; nt++) {
         if (t_only > 0 && nt != t_only)
             continue;
@@ -250,8 +278,11 @@ int main(int argc, char **argv)
         for (char *tok = strtok(tmp, ","); tok; tok = strtok(NULL, ",")) {
             int exact = 0;
             kvs_dtype wt;
-            if (!parse_type(tok, &wt, &exact))
+            if (!parse_type(tok, &wt, &exact)) {
+                if (strcmp(tok, "blas") != 0 && nt == (t_only > 0 ? t_only : 1))
+                    fprintf(stderr, "bench_matmul: unknown type '%s' skipped\n", tok);
                 continue;
+            }
             bench_type(wt, exact, nt, reps, with_blas);
             fflush(stdout);
         }
