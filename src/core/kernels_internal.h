@@ -44,7 +44,7 @@
 /* An empty asm that claims to change v, so the compiler keeps v in a register at that point and
  * cannot move or merge the operations on either side of it: used where GCC otherwise folded a
  * loaded operand into every instruction that uses it (matmul_deq.c) or regrouped a chain of
- * integer adds so that all the products were computed first and spilled (matmul_kq.c). */
+ * integer adds so that all the products were computed first and spilled (matmul_kq_avx2.c). */
 #if defined(__GNUC__) && KVS_AVX512
 #define KVS_KEEP_REG(v) __asm__("" : "+v"(v))
 #elif defined(__GNUC__) && KVS_AVX2

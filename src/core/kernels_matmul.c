@@ -1216,7 +1216,7 @@ static void q8_avx2(const mm_ctx *c, int r0, int r1, int o0, int o1)
     KVS_AVX2_ROW_BLOCKS(c, r0, r1, o0, o1, q8_row_avx2)
 }
 
-/* Q8_0 prefill with 8 weight rows in the 8 lanes (as matmul_kq.c's AVX2 K-quant tiles): each
+/* Q8_0 prefill with 8 weight rows in the 8 lanes (as matmul_kq_avx2.c's K-quant tiles): each
  * thread transposes a panel of 8 columns once per call so that a vector holds one 4-byte group
  * of a block for each of the 8 rows, and runs x through it 4 rows at a time: per group and x
  * row the sign trick (VPSIGNB of the broadcast x group by w, VPMADDUBSW with |w|) and a
@@ -1275,7 +1275,7 @@ KVS_INLINE void q8l_tile(int R, const mm_ctx *c, int r, const char *pk, float *y
                 const __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(x4), w);
                 const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
                 is[i] = g == 0 ? p : _mm256_add_epi32(is[i], p);
-                KVS_KEEP_REG(is[i]); /* the adds in order (as matmul_kq.c's tiles) */
+                KVS_KEEP_REG(is[i]); /* the adds in order (as matmul_kq_avx2.c's tiles) */
             }
         }
         const __m256 dv = _mm256_load_ps((const float *)(pb + 256));
