@@ -264,12 +264,21 @@ float kvs_dot_f32(const float *a, const float *b, int n)
     }
     s = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 #elif KVS_AVX2
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    for (; i + 16 <= n; i += 16) {
+    /* 4 FMA chains: with 2 their latency was about the time an F32 weight row's bytes take in
+     * decode (bench_matmul's F32 decode from cache, one thread: 47-50 GB/s with 2, 73-79 with
+     * 4; from memory 22-26 and 25-28 GB/s). No software prefetch: 2-16 KiB ahead streamed
+     * slower (20.4-24.7 GB/s against 28.4-28.5). */
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(),
+           s3 = _mm256_setzero_ps();
+    for (; i + 32 <= n; i += 32) {
         s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
         s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
     }
-    s0 = _mm256_add_ps(s0, s1);
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s0 = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
     h = _mm_add_ss(h, _mm_movehdup_ps(h));

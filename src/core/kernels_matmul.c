@@ -1311,29 +1311,6 @@ static void q8l_rows(const mm_ctx *c, char *scratch, int r0, int r1, int o0, int
 }
 #endif
 
-#if KVS_AVX2
-/* F32 decode: one weight row's dot with the x row in 4 FMA chains (kvs_dot_f32 has 2, whose
- * latency was about the time the row's bytes take). No software prefetch: the hardware's alone
- * streamed faster here (bench_matmul's model decode, one thread, 2 runs: 28.4-28.5 GB/s;
- * prefetching 2-16 KiB ahead 20.4-24.7). */
-KVS_INLINE float f32_dot_stream(const float *x, const float *w, int K)
-{
-    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    int k = 0;
-    for (; k + 32 <= K; k += 32) {
-        KVS_UNROLL
-        for (int u = 0; u < 4; u++)
-            a[u] = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8 * u), _mm256_loadu_ps(w + k + 8 * u), a[u]);
-    }
-    for (; k + 8 <= K; k += 8)
-        a[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), _mm256_loadu_ps(w + k), a[0]);
-    float s = kvs_hsum256(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
-    for (; k < K; k++)
-        s += x[k] * w[k];
-    return s;
-}
-#endif
-
 /* 1 when AVX2's Q8_0 lane tiles (q8l_rows) take a call of n_rows x rows. */
 static int q8l_takes(kvs_dtype wt, int n_rows)
 {
@@ -1391,12 +1368,6 @@ static void portable_rows(const mm_ctx *c, char *scratch, int r0, int r1, int o0
     }
     if (c->wt == KVS_F32 && r1 - r0 > 1) {
         f32_avx2(c, r0, r1, o0, o1);
-        return;
-    }
-    if (c->wt == KVS_F32) {
-        for (int o = o0; o < o1; o++)
-            c->y[(size_t)r0 * c->n_out + o] =
-                f32_dot_stream(c->x + (size_t)r0 * K, (const float *)(c->w + (size_t)o * c->row_bytes), K);
         return;
     }
 #endif

@@ -10,9 +10,25 @@
 #if KVS_AVX2
 #include <immintrin.h>
 
-/* The AVX2 path's x row (kvs_matmul_kq_ref_sb's quantiser, kvs_kq_sb_scales), each pair of blocks in
- * avx2_pair's order: xd[sb] = D / 128, xk the k_b; Q4_K / Q5_K xo[b] = xd_b sum(q) (the min
- * term), Q6_K xp the pair sums times its offset 32 (what VPMADDUBSW of 32s and q gives). */
+/* One super-block of an x row (256 values at xs) quantised on its grid (kvs_kq_sb_scales): the
+ * blocks' k and xd, D / 128, the 8 blocks' q in element order, and each block's sum(q). */
+static void sb_quantize(const float *xs, int *k, float *xdb, float *d128, int8_t *q, int32_t *qsum)
+{
+    float amax[8], dd;
+    for (int p = 0; p < 8; p++)
+        amax[p] = kvs_amax_avx2(xs + 32 * p, 32);
+    kvs_kq_sb_scales(amax, k, xdb, &dd);
+    for (int p = 0; p < 8; p++) {
+        int32_t s16[2];
+        kvs_quant32_id_avx2(xs + 32 * p, xdb[p] != 0.0f ? 1.0f / xdb[p] : 0.0f, q + 32 * p, s16);
+        qsum[p] = s16[0] + s16[1];
+    }
+    *d128 = dd * (1.0f / 128.0f);
+}
+
+/* The row kernels' x row (sb_quantize), each pair of blocks in avx2_pair's order: xd[sb] =
+ * D / 128, xk the k_b; Q4_K / Q5_K xo[b] = xd_b sum(q) (the min term), Q6_K xp the pair sums
+ * times its offset 32 (what VPMADDUBSW of 32s and q gives). */
 void kvs_kq2_fill_x_row_sb(const kq_ctx *c, int r)
 {
     const int nbp = c->nbp;
@@ -21,22 +37,16 @@ void kvs_kq2_fill_x_row_sb(const kq_ctx *c, int r)
     float *xd = c->xd + (size_t)r * nbp, *xo = c->xo + (size_t)r * 2 * nbp;
     int16_t *xk = c->xk + (size_t)r * 2 * nbp, *xp = c->xp + (size_t)r * 16 * nbp;
     for (int sb = 0; sb < c->nb / 8; sb++) {
-        const float *xs = x + (size_t)256 * sb;
-        float amax[8], xdb[8], dd;
+        _Alignas(32) int8_t q[8][32];
+        float xdb[8];
+        int32_t qsum[8];
         int k[8];
-        for (int p = 0; p < 8; p++)
-            amax[p] = kvs_amax_avx2(xs + 32 * p, 32);
-        kvs_kq_sb_scales(amax, k, xdb, &dd);
+        sb_quantize(x + (size_t)256 * sb, k, xdb, xd + sb, q[0], qsum);
         for (int p = 0; p < 8; p += 2) {
             /* blocks p and p + 1 interleaved as the weights are (avx2_pair) */
             const int b = 8 * sb + p;
-            _Alignas(32) int8_t q[2][32];
-            int32_t s16[2][2];
-            for (int e = 0; e < 2; e++) {
-                const float xdb_e = xdb[p + e];
-                kvs_quant32_id_avx2(xs + 32 * (p + e), xdb_e != 0.0f ? 1.0f / xdb_e : 0.0f, q[e], s16[e]);
-            }
-            const __m256i qa = _mm256_load_si256((const __m256i *)q[0]), qb = _mm256_load_si256((const __m256i *)q[1]);
+            const __m256i qa = _mm256_load_si256((const __m256i *)q[p]);
+            const __m256i qb = _mm256_load_si256((const __m256i *)q[p + 1]);
             const __m256i v0 = _mm256_unpacklo_epi64(qa, qb), v1 = _mm256_unpackhi_epi64(qa, qb);
             _mm256_storeu_si256((__m256i *)(xq + (size_t)32 * b), v0);
             _mm256_storeu_si256((__m256i *)(xq + (size_t)32 * b + 32), v1);
@@ -44,7 +54,7 @@ void kvs_kq2_fill_x_row_sb(const kq_ctx *c, int r)
                 if (c->wt == KVS_Q6_K) {
                     xk[16 * sb + 2 * (p + e)] = xk[16 * sb + 2 * (p + e) + 1] = (int16_t)k[p + e];
                 } else {
-                    xo[b + e] = xdb[p + e] * (float)(s16[e][0] + s16[e][1]);
+                    xo[b + e] = xdb[p + e] * (float)qsum[p + e];
                     xk[16 * sb + p + e] = (int16_t)k[p + e];
                     xk[16 * sb + 8 + p + e] = 0;
                 }
@@ -52,17 +62,17 @@ void kvs_kq2_fill_x_row_sb(const kq_ctx *c, int r)
             if (c->wt == KVS_Q6_K) {
                 const __m256i m32 = _mm256_set1_epi8(32);
                 _mm256_storeu_si256((__m256i *)(xp + (size_t)16 * b),
-                                    _mm256_add_epi16(_mm256_maddubs_epi16(m32, v0), _mm256_maddubs_epi16(m32, v1)));
+                                    _mm256_add_epi16(_mm256_maddubs_epi16(m32, v0),
+                                                     _mm256_maddubs_epi16(m32, v1)));
             }
         }
-        xd[sb] = dd * (1.0f / 128.0f);
     }
 }
 
-/* The x row of the tiles (kvs_matmul_kq_ref_sb's quantiser, kvs_kq_sb_scales) in element order: xd[b]
- * = xd_b; Q4_K / Q5_K xo[b] = xd_b sum(q); Q6_K xp[4 b + g / 2] the offset lanes of groups g and
- * g + 1 (what VPMADDUBSW of 32s gives against them, summed: 32 (q0 + q1) of both in the even
- * 16-bit lane, 32 (q2 + q3) in the odd). */
+/* The tiles' x row (sb_quantize) in element order: xd[b] = xd_b; Q4_K / Q5_K xo[b] = xd_b
+ * sum(q); Q6_K xp[4 b + g / 2] the offset lanes of groups g and g + 1 (what VPMADDUBSW of 32s
+ * gives against them, summed: 32 (q0 + q1) of both in the even 16-bit lane, 32 (q2 + q3) in
+ * the odd). */
 void kvs_kq2_fill_x_row_tile(const kq_ctx *c, int r)
 {
     const float *x = c->x + (size_t)r * c->n_in;
@@ -70,29 +80,25 @@ void kvs_kq2_fill_x_row_tile(const kq_ctx *c, int r)
     float *xd = c->xd + (size_t)r * c->nbp, *xo = c->xo + (size_t)r * 2 * c->nbp;
     int32_t *xp = (int32_t *)c->xp + (size_t)r * 4 * c->nbp;
     for (int sb = 0; sb < c->nb / 8; sb++) {
-        const float *xs = x + (size_t)256 * sb;
-        float amax[8], dd;
+        int32_t qsum[8];
         int k[8];
-        for (int p = 0; p < 8; p++)
-            amax[p] = kvs_amax_avx2(xs + 32 * p, 32);
-        kvs_kq_sb_scales(amax, k, xd + 8 * sb, &dd);
+        float d128;
+        sb_quantize(x + (size_t)256 * sb, k, xd + 8 * sb, &d128, xq + (size_t)256 * sb, qsum);
         for (int p = 0; p < 8; p++) {
             const int b = 8 * sb + p;
-            int32_t s16[2];
-            kvs_quant32_id_avx2(xs + 32 * p, xd[b] != 0.0f ? 1.0f / xd[b] : 0.0f, xq + (size_t)32 * b, s16);
-            xo[b] = xd[b] * (float)(s16[0] + s16[1]);
-            if (c->wt == KVS_Q6_K) {
-                const int8_t *q = xq + (size_t)32 * b;
-                for (int g = 0; g < 8; g += 2) {
-                    const int ev = 32 * (q[4 * g] + q[4 * g + 1] + q[4 * g + 4] + q[4 * g + 5]);
-                    const int od = 32 * (q[4 * g + 2] + q[4 * g + 3] + q[4 * g + 6] + q[4 * g + 7]);
-                    xp[4 * b + g / 2] = (int32_t)((uint32_t)(uint16_t)ev | (uint32_t)(uint16_t)od << 16);
-                }
+            if (c->wt != KVS_Q6_K) {
+                xo[b] = xd[b] * (float)qsum[p];
+                continue;
+            }
+            const int8_t *q = xq + (size_t)32 * b;
+            for (int g = 0; g < 8; g += 2) {
+                const int ev = 32 * (q[4 * g] + q[4 * g + 1] + q[4 * g + 4] + q[4 * g + 5]);
+                const int od = 32 * (q[4 * g + 2] + q[4 * g + 3] + q[4 * g + 6] + q[4 * g + 7]);
+                xp[4 * b + g / 2] = (int32_t)((uint32_t)(uint16_t)ev | (uint32_t)(uint16_t)od << 16);
             }
         }
     }
 }
-
 
 /* ---- AVX2 (CPUs or VMs without AVX-512 VNNI): Q4_K, Q5_K and Q6_K ---------------------------
  *
